@@ -1,0 +1,198 @@
+"""EventLog: the append-only record of a run, in columnar buffers.
+
+Tables (each a set of growable numpy columns; no Python object per number):
+- `messages`: one row per boundary message (id, step, mb, boundary, role, sender, receiver, bytes)
+- `ground_truth`: one row per tampered message (written by the adversary layer; detectors never read it)
+- `verdicts`: one row per checked message (flagged + one float column per detector statistic)
+- `losses`: per step and microbatch training loss; `evals`: validation loss per evaluation
+- `bans`: worker bans and replacements
+
+Worker ids and attack names are stored as small integers into string tables. The log saves to
+`events.npz` (+ `events.json` for the string tables) and reloads with `allow_pickle=False`.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+
+class Table:
+    """Columns of a fixed dtype that grow by doubling; `append` writes one row."""
+
+    def __init__(self, schema: dict[str, Any], capacity: int = 1024):
+        self._dtypes = {k: np.dtype(v) for k, v in schema.items()}
+        self._cols = {k: np.zeros(capacity, dtype=d) for k, d in self._dtypes.items()}
+        self._fill: dict[str, Any] = {}
+        self.n = 0
+
+    @property
+    def names(self) -> list[str]:
+        return list(self._cols)
+
+    def add_column(self, name: str, dtype: Any, fill: Any) -> None:
+        if name in self._cols:
+            return
+        col = np.full(len(next(iter(self._cols.values()))), fill, dtype=dtype)
+        self._cols[name], self._dtypes[name], self._fill[name] = col, np.dtype(dtype), fill
+
+    def append(self, **row: Any) -> int:
+        if self.n == len(next(iter(self._cols.values()))):
+            for k, c in self._cols.items():
+                grown = np.full(2 * len(c), self._fill.get(k, 0), dtype=c.dtype)
+                grown[: self.n] = c[: self.n]
+                self._cols[k] = grown
+        i = self.n
+        for k, v in row.items():
+            self._cols[k][i] = v
+        self.n += 1
+        return i
+
+    def __getitem__(self, name: str) -> np.ndarray:
+        return self._cols[name][: self.n]
+
+    def __len__(self) -> int:
+        return self.n
+
+    def as_arrays(self) -> dict[str, np.ndarray]:
+        return {k: c[: self.n] for k, c in self._cols.items()}
+
+    @classmethod
+    def from_arrays(cls, arrays: dict[str, np.ndarray]) -> Table:
+        t = cls({k: v.dtype for k, v in arrays.items()}, capacity=max(1, max((len(v) for v in arrays.values()), default=1)))
+        for k, v in arrays.items():
+            t._cols[k][: len(v)] = v
+            t.n = len(v)
+        return t
+
+
+class EventLog:
+    """The run's single source of truth for the scorer."""
+
+    TABLES = ("messages", "ground_truth", "verdicts", "losses", "evals", "bans")
+
+    def __init__(self) -> None:
+        self.messages = Table(
+            {"id": np.int64, "step": np.int32, "mb": np.int32, "boundary": np.int16, "role": np.int8,
+             "sender": np.int32, "receiver": np.int32, "bytes": np.int64}
+        )
+        self.ground_truth = Table(
+            {"msg": np.int64, "step": np.int32, "mb": np.int32, "role": np.int8, "worker": np.int32,
+             "attack": np.int16, "norm_ratio": np.float32}
+        )
+        self.verdicts = Table({"msg": np.int64, "flagged": np.bool_, "acted": np.bool_})
+        self.losses = Table({"step": np.int32, "mb": np.int32, "loss": np.float64})
+        self.evals = Table({"step": np.int32, "val_loss": np.float64})
+        self.bans = Table({"step": np.int32, "worker": np.int32, "replaced_by": np.int32})
+        self.workers: list[str] = []
+        self._worker_ix: dict[str, int] = {}
+        self.attacks: list[str] = []
+        self._next_msg = 0
+
+    # -- string tables -------------------------------------------------------------------------
+    def worker_index(self, name: str) -> int:
+        ix = self._worker_ix.get(name)
+        if ix is None:
+            ix = self._worker_ix[name] = len(self.workers)
+            self.workers.append(name)
+        return ix
+
+    def attack_index(self, name: str) -> int:
+        if name not in self.attacks:
+            self.attacks.append(name)
+        return self.attacks.index(name)
+
+    # -- writers -------------------------------------------------------------------------------
+    def next_message_id(self) -> int:
+        self._next_msg += 1
+        return self._next_msg - 1
+
+    def log_message(self, msg) -> None:
+        self.messages.append(
+            id=msg.msg_id, step=msg.step, mb=msg.mb_idx, boundary=msg.boundary, role=int(msg.role),
+            sender=self.worker_index(msg.sender), receiver=self.worker_index(msg.receiver), bytes=msg.wire_bytes,
+        )
+
+    def log_tamper(self, msg, attack: str, norm_ratio: float) -> None:
+        """Ground truth: written by the adversary layer only."""
+        self.ground_truth.append(
+            msg=msg.msg_id, step=msg.step, mb=msg.mb_idx, role=int(msg.role),
+            worker=self.worker_index(msg.sender), attack=self.attack_index(attack), norm_ratio=norm_ratio,
+        )
+
+    def log_verdict(self, msg_id: int, verdict, acted: bool = True) -> None:
+        scores = getattr(verdict, "scores", {}) or {}
+        for name in scores:
+            self.verdicts.add_column(f"score_{name}", np.float32, np.nan)
+        self.verdicts.append(msg=msg_id, flagged=bool(verdict.flagged), acted=acted,
+                             **{f"score_{k}": v for k, v in scores.items()})
+
+    def log_loss(self, step: int, mb: int, loss: float) -> None:
+        self.losses.append(step=step, mb=mb, loss=loss)
+
+    def log_eval(self, step: int, val_loss: float) -> None:
+        self.evals.append(step=step, val_loss=val_loss)
+
+    def log_ban(self, step: int, worker: str, replaced_by: str | None = None) -> None:
+        rep = self.worker_index(replaced_by) if replaced_by else -1
+        self.bans.append(step=step, worker=self.worker_index(worker), replaced_by=rep)
+
+    # -- persistence ---------------------------------------------------------------------------
+    def save(self, out_dir: Path) -> None:
+        out_dir = Path(out_dir)
+        arrays = {f"{t}.{k}": v for t in self.TABLES for k, v in getattr(self, t).as_arrays().items()}
+        np.savez_compressed(out_dir / "events.npz", **arrays)
+        (out_dir / "events.json").write_text(json.dumps({"workers": self.workers, "attacks": self.attacks}))
+
+    @classmethod
+    def load(cls, out_dir: Path) -> EventLog:
+        out_dir = Path(out_dir)
+        log = cls()
+        with np.load(out_dir / "events.npz", allow_pickle=False) as z:
+            for t in cls.TABLES:
+                cols = {k.split(".", 1)[1]: z[k] for k in z.files if k.split(".", 1)[0] == t}
+                if cols:
+                    setattr(log, t, Table.from_arrays(cols))
+        names = json.loads((out_dir / "events.json").read_text())
+        for w in names["workers"]:
+            log.worker_index(w)
+        log.attacks = list(names["attacks"])
+        log._next_msg = len(log.messages)
+        return log
+
+    def write_events_csv(self, path: Path) -> None:
+        """One row per message, joined with ground truth and verdicts (for humans and pandas)."""
+        m = self.messages.as_arrays()
+        n = len(self.messages)
+        gt_attack = np.full(n, "", dtype=object)
+        gt_ratio = np.full(n, np.nan)
+        pos = {int(i): j for j, i in enumerate(m["id"])}
+        for row in range(len(self.ground_truth)):
+            j = pos.get(int(self.ground_truth["msg"][row]))
+            if j is not None:
+                gt_attack[j] = self.attacks[self.ground_truth["attack"][row]]
+                gt_ratio[j] = self.ground_truth["norm_ratio"][row]
+        v = self.verdicts.as_arrays()
+        score_cols = [k for k in v if k.startswith("score_")]
+        flagged = np.full(n, "", dtype=object)
+        scores = {k: np.full(n, np.nan) for k in score_cols}
+        for row in range(len(self.verdicts)):
+            j = pos.get(int(v["msg"][row]))
+            if j is not None:
+                flagged[j] = int(v["flagged"][row])
+                for k in score_cols:
+                    scores[k][j] = v[k][row]
+        roles = {0: "activation", 1: "gradient", 2: "dp_gradient"}
+        with open(path, "w", newline="") as f:
+            w = csv.writer(f)
+            w.writerow(["msg", "step", "mb", "boundary", "role", "sender", "receiver", "bytes", "tampered_by",
+                        "norm_ratio", "flagged", *score_cols])
+            for j in range(n):
+                w.writerow([m["id"][j], m["step"][j], m["mb"][j], m["boundary"][j], roles[int(m["role"][j])],
+                            self.workers[m["sender"][j]], self.workers[m["receiver"][j]], m["bytes"][j],
+                            gt_attack[j], "" if np.isnan(gt_ratio[j]) else f"{gt_ratio[j]:.6g}", flagged[j],
+                            *["" if np.isnan(scores[k][j]) else f"{scores[k][j]:.6g}" for k in score_cols]])

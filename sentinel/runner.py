@@ -1,0 +1,159 @@
+"""`run(scenario, out_dir)`: one run plus its requested twins, and everything written to disk.
+
+Result folder:
+    scenario.yaml   the scenario as run (after --set overrides)
+    summary.json    headline numbers (keys: README "summary.json")
+    events.csv      one row per boundary message (joined with ground truth and verdicts)
+    events.npz/json the full EventLog (reloadable: `sentinel report DIR`)
+    loss.png        loss curves
+    report.md       a short human-readable report
+If a run fails or is interrupted, what was logged so far is saved and `failure.txt` says why.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import sys
+import time
+import traceback
+from pathlib import Path
+
+import yaml
+
+from sentinel.engine.sim import SimEngine
+from sentinel.errors import RunError
+from sentinel.eventlog import EventLog
+from sentinel.scenario import Scenario
+from sentinel.scoring.plots import loss_curves
+from sentinel.scoring.summary import build_summary
+
+
+def build_engine(scenario: Scenario, log: EventLog | None = None) -> SimEngine:
+    """The engine with this scenario's adversary, verifier and response policy installed."""
+    from attacks import build_adversary
+    from sentinel.detectors import build_defence
+
+    engine = SimEngine(scenario, log)
+    engine.transport.adversary = build_adversary(scenario, engine)
+    engine.transport.verifier, engine.transport.responder = build_defence(scenario, engine)
+    return engine
+
+
+def malicious_workers(engine: SimEngine) -> list[str]:
+    adv = engine.transport.adversary
+    return sorted(getattr(adv, "malicious", []) or [])
+
+
+def twin_scenario(scenario: Scenario, kind: str) -> Scenario:
+    """`clean`: no attack, no detector. `undefended`: the attack, no detector."""
+    from sentinel.config import build
+    from sentinel.scenario import DetectorSpec
+
+    no_detector = build(DetectorSpec, "none")
+    if kind == "clean":
+        adv = dataclasses.replace(scenario.adversary, attacks=())
+        return dataclasses.replace(scenario, adversary=adv, detector=no_detector, name=f"{scenario.name}:clean")
+    return dataclasses.replace(scenario, detector=no_detector, name=f"{scenario.name}:undefended")
+
+
+class _Progress:
+    """tqdm bar on a terminal; otherwise a line on stderr every ~10% of the run."""
+
+    def __init__(self, total: int, label: str, enabled: bool | None):
+        self.total, self.label = total, label
+        self.enabled = sys.stderr.isatty() if enabled is None else enabled
+        self.bar = None
+        if self.enabled and sys.stderr.isatty():
+            from tqdm import tqdm
+
+            self.bar = tqdm(total=total, desc=label, unit="step", leave=False, file=sys.stderr)
+        self.every = max(1, total // 10)
+        self.last_val: float | None = None
+
+    def __call__(self, step: int, loss: float, val: float | None) -> None:
+        if val is not None:
+            self.last_val = val
+        if self.bar is not None:
+            self.bar.update(1)
+            self.bar.set_postfix(loss=f"{loss:.3f}", val=f"{self.last_val:.3f}" if self.last_val else "-")
+        elif self.enabled and (step % self.every == 0 or step == self.total):
+            val_txt = f" val {self.last_val:.4f}" if self.last_val is not None else ""
+            print(f"[{self.label}] step {step}/{self.total} loss {loss:.4f}{val_txt}", file=sys.stderr, flush=True)
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+
+
+def train(scenario: Scenario, out_dir: Path | None, progress: bool | None = None, label: str = "run") -> tuple:
+    """Train one scenario; save its EventLog (also on failure). Returns (engine, result, wall_s)."""
+    log = EventLog()
+    engine = build_engine(scenario, log)
+    bar = _Progress(scenario.training.steps, label, progress)
+    t0 = time.perf_counter()
+    try:
+        result = engine.run(on_step=bar)
+    except BaseException as exc:
+        bar.close()
+        if out_dir is not None:
+            out_dir.mkdir(parents=True, exist_ok=True)
+            log.save(out_dir)
+            (out_dir / "failure.txt").write_text(
+                f"run failed at step {engine.step}: {exc!r}\n\n{traceback.format_exc()}"
+            )
+        if isinstance(exc, KeyboardInterrupt):
+            raise
+        raise RunError(
+            f"run {scenario.name!r} failed at step {engine.step}: {exc.__class__.__name__}: {exc}"
+            + (f" (partial EventLog and traceback saved in {out_dir})" if out_dir else "")
+        ) from exc
+    bar.close()
+    return engine, result, time.perf_counter() - t0
+
+
+def run(scenario: Scenario, out_dir: Path, progress: bool | None = None, backend: str = "sim") -> dict:
+    """Run the scenario (and its twins) and write the result folder. Returns the summary."""
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / "scenario.yaml").write_text(yaml.safe_dump(scenario.to_dict(), sort_keys=False))
+    t0 = time.perf_counter()
+    impact = None
+    if scenario.scoring.twins:
+        impact = {"clean_val_loss": None, "undefended_val_loss": None, "defended_val_loss": None}
+        for kind in scenario.scoring.twins:
+            twin_dir = out_dir / f"twin_{kind}"
+            _, res, _ = train(twin_scenario(scenario, kind), twin_dir, progress, label=kind)
+            impact[f"{kind}_val_loss"] = res["final_val_loss"]
+    engine, result, _ = train(scenario, out_dir, progress, label=scenario.name)
+    if impact is not None:
+        impact["defended_val_loss"] = result["final_val_loss"]
+    log = engine.log
+    summary = build_summary(
+        log, scenario=scenario, backend=backend, malicious=malicious_workers(engine), result=result,
+        bytes_sent=engine.transport.bytes_sent, wall_s=time.perf_counter() - t0,
+        detector_s=engine.transport.verifier_s, optimum_loss=engine.data.optimum_loss, impact=impact,
+    )
+    log.save(out_dir)
+    log.write_events_csv(out_dir / "events.csv")
+    (out_dir / "summary.json").write_text(json.dumps(summary, indent=2))
+    loss_curves(log, out_dir / "loss.png", f"{scenario.name}: loss", engine.data.optimum_loss)
+    (out_dir / "report.md").write_text(report_md(summary))
+    return summary
+
+
+def report_md(summary: dict) -> str:
+    t, w = summary["training"], summary["workers"]
+    lines = [
+        f"# Run report: {summary['scenario']}",
+        "",
+        f"- backend `{summary['backend']}`, seed {summary['seed']}, {w['total']} workers "
+        f"({w['stages']} stages x {w['replicas']} replicas), malicious: {', '.join(w['malicious']) or 'none'}",
+        f"- validation loss {t['initial_val_loss']:.4f} -> {t['final_val_loss']:.4f} after {t['steps']} steps"
+        + (f" (optimum {t['optimum_loss']:.4f}, excess {t['excess_loss']:.4f})" if t["optimum_loss"] is not None else ""),
+        f"- bytes on the wire: {summary['transport']['bytes_sent']:,}; wall time {summary['cost']['wall_s']:.1f} s",
+        "",
+        "![loss curves](loss.png)",
+        "",
+    ]
+    return "\n".join(lines)

@@ -1,0 +1,254 @@
+"""Scenario schema: YAML -> validated, frozen dataclasses.
+
+Section names are a contract (see README "Scenario files"). Every key is validated before any
+worker starts; errors name the YAML path, the bad value, the rule and a fix. `--set a.b=v`
+overrides go through the same validation. Only `yaml.safe_load` is used.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+from typing import Any, ClassVar, Literal
+
+import yaml
+
+from sentinel.config import PluginSpec, build, set_path, spec, to_plain
+from sentinel.errors import ConfigError
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class ModelConfig:
+    layers: int = spec(4, ge=1, le=1024, help="transformer blocks, split evenly over the stages")
+    dim: int = spec(64, ge=4, le=65536, help="model width")
+    heads: int = spec(4, ge=1, help="attention heads; dim / heads must be even (rotary)")
+    seq_len: int = spec(64, ge=2, le=65536, help="tokens per sequence")
+    vocab: int | None = spec(None, ge=2, help="vocabulary size; default: the data source's")
+    ffn_hidden: int | None = spec(None, ge=1, help="SwiGLU hidden width; default ~8/3 * dim")
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class DataConfig:
+    source: Literal["synthetic", "text"] = spec("synthetic", help="seeded Markov source, or local text")
+    path: str | None = spec(None, help="text file for source=text (default: Python's bundled docs)")
+    batch_size: int = spec(8, ge=1, help="sequences per microbatch")
+    vocab: int = spec(64, ge=2, le=4096, help="synthetic source: number of token types")
+    order: int = spec(1, ge=1, le=3, help="synthetic source: Markov order")
+    concentration: float = spec(0.1, gt=0, help="synthetic source: Dirichlet concentration of each transition row")
+    val_fraction: float = spec(0.1, gt=0, lt=1, help="text source: held-out tail fraction")
+    val_batches: int = spec(4, ge=1, help="validation microbatches per evaluation")
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class PipelineConfig:
+    stages: int = spec(4, ge=1, help="pipeline stages S")
+    replicas: int = spec(1, ge=1, help="data-parallel replicas R per stage")
+    microbatches: int = spec(4, ge=1, help="microbatches M per step")
+    schedule: Literal["gpipe", "1f1b"] = spec("1f1b", help="pipeline schedule")
+    routing: Literal["random", "fixed"] = spec("random", help="replica choice per microbatch and stage")
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class TrainingConfig:
+    steps: int = spec(200, ge=1, help="optimizer steps")
+    lr: float = spec(3e-3, gt=0, help="peak learning rate")
+    optimizer: Literal["adamw", "sgd"] = spec("adamw")
+    weight_decay: float = spec(0.0, ge=0)
+    momentum: float = spec(0.9, ge=0, lt=1, help="sgd momentum")
+    warmup_steps: int = spec(20, ge=0, help="linear learning-rate warm-up")
+    lr_schedule: Literal["cosine", "constant"] = spec("cosine")
+    eval_every: int = spec(50, ge=1, help="validation every n steps (and at the end)")
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class AggregatorSpec(PluginSpec):
+    PLUGIN_KIND: ClassVar[str] = "aggregators"
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class DPConfig:
+    sync: Literal["allreduce", "none"] = spec("allreduce", help="gradient sync inside a stage")
+    aggregator: AggregatorSpec = dataclasses.field(default_factory=lambda: build(AggregatorSpec, "mean"))
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class CodecSpec(PluginSpec):
+    PLUGIN_KIND: ClassVar[str] = "codecs"
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class TransportConfig:
+    codec: CodecSpec = dataclasses.field(default_factory=lambda: build(CodecSpec, "identity"))
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class AttackSpec(PluginSpec):
+    """One attack: which plugin, where it acts and when (its own parameters go beside these keys)."""
+
+    PLUGIN_KIND: ClassVar[str] = "attacks"
+    role: Literal["activation", "gradient", "both", "dp_gradient"] = spec("activation")
+    placement: Literal["pre_codec", "post_codec"] = spec("pre_codec")
+    workers: tuple[str, ...] = spec((), help="malicious workers that run it (default: all malicious)")
+    start: int = spec(0, ge=0, help="first step it acts on")
+    stop: int | None = spec(None, ge=0, help="first step it no longer acts on")
+    every: int = spec(1, ge=1, help="acts on steps where (step - start) % every < duty")
+    duty: int = spec(1, ge=1)
+    prob: float = spec(1.0, ge=0, le=1, help="probability it acts on a given message")
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class AdversaryConfig:
+    fraction: float = spec(0.0, ge=0, le=1, help="malicious fraction of each stage's replicas")
+    placement: Literal["random", "explicit"] = spec("random")
+    workers: tuple[str, ...] = spec((), help="explicit malicious worker ids, e.g. s1r0")
+    protect: tuple[Literal["first", "last"], ...] = spec(("first", "last"), help="stages kept honest")
+    allow_dishonest_majority: bool = spec(False)
+    attacks: tuple[AttackSpec, ...] = spec(())
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class DetectorSpec(PluginSpec):
+    PLUGIN_KIND: ClassVar[str] = "detectors"
+    mode: Literal["closed_loop", "open_loop"] = spec("closed_loop", help="open_loop records scores, never acts")
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class ResponseConfig:
+    on_flag: Literal["drop", "substitute", "accept"] = spec("drop")
+    ban_after: int = spec(1, ge=1, help="strikes before a worker is banned")
+    replace_banned: bool = spec(False, help="a banned worker is replaced by a fresh honest replica")
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class ScoringConfig:
+    twins: tuple[Literal["clean", "undefended"], ...] = spec(())
+    target_fpr: float = spec(0.01, gt=0, lt=1)
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class SweepConfig:
+    grid: dict[str, Any] = dataclasses.field(default_factory=dict)
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Scenario:
+    name: str = spec("unnamed")
+    description: str = spec("")
+    seed: int = spec(0, ge=0, help="the one seed every random choice derives from")
+    model: ModelConfig = dataclasses.field(default_factory=ModelConfig)
+    data: DataConfig = dataclasses.field(default_factory=DataConfig)
+    pipeline: PipelineConfig = dataclasses.field(default_factory=PipelineConfig)
+    training: TrainingConfig = dataclasses.field(default_factory=TrainingConfig)
+    dp: DPConfig = dataclasses.field(default_factory=DPConfig)
+    transport: TransportConfig = dataclasses.field(default_factory=TransportConfig)
+    adversary: AdversaryConfig = dataclasses.field(default_factory=AdversaryConfig)
+    detector: DetectorSpec = dataclasses.field(default_factory=lambda: build(DetectorSpec, "none"))
+    response: ResponseConfig = dataclasses.field(default_factory=ResponseConfig)
+    scoring: ScoringConfig = dataclasses.field(default_factory=ScoringConfig)
+    sweep: SweepConfig = dataclasses.field(default_factory=SweepConfig)
+
+    @property
+    def num_workers(self) -> int:
+        return self.pipeline.stages * self.pipeline.replicas
+
+    def to_dict(self) -> dict[str, Any]:
+        return to_plain(self)
+
+
+# Cross-field rules run after every section is well-typed. Each returns (path, message) problems.
+CROSS_CHECKS: list = []
+
+
+def cross_check(fn):
+    CROSS_CHECKS.append(fn)
+    return fn
+
+
+@cross_check
+def _model_shape(sc: Scenario) -> list[tuple[str, str]]:
+    m, out = sc.model, []
+    if sc.pipeline.stages > m.layers:
+        out.append(("pipeline.stages", f"{sc.pipeline.stages} stages but model.layers is {m.layers}; "
+                    f"every stage needs a block: set pipeline.stages <= {m.layers} or raise model.layers"))
+    if m.dim % m.heads:
+        out.append(("model.heads", f"model.dim ({m.dim}) must be divisible by model.heads ({m.heads})"))
+    elif (m.dim // m.heads) % 2:
+        out.append(("model.heads", f"head size dim/heads = {m.dim // m.heads} must be even for rotary positions"))
+    data_vocab = 256 if sc.data.source == "text" else sc.data.vocab
+    if m.vocab is not None and m.vocab < data_vocab:
+        out.append(("model.vocab", f"{m.vocab} is smaller than the data source's vocabulary ({data_vocab}); "
+                    "raise it or leave it unset"))
+    if sc.data.source == "synthetic" and sc.data.vocab ** sc.data.order > 2_000_000:
+        out.append(("data.order", f"vocab**order = {sc.data.vocab ** sc.data.order} Markov contexts is too many "
+                    "(max 2,000,000); lower data.vocab or data.order"))
+    return out
+
+
+@cross_check
+def _data_path(sc: Scenario) -> list[tuple[str, str]]:
+    d = sc.data
+    if d.path is not None and d.source != "text":
+        return [("data.path", "only used with data.source: text")]
+    if d.path is not None and not Path(d.path).is_file():
+        return [("data.path", f"file not found: {d.path!r}")]
+    return []
+
+
+@cross_check
+def _schedule_steps(sc: Scenario) -> list[tuple[str, str]]:
+    t = sc.training
+    if t.warmup_steps > t.steps:
+        return [("training.warmup_steps", f"{t.warmup_steps} warm-up steps exceed training.steps ({t.steps})")]
+    return []
+
+
+def validate(data: Any, overrides: list[str] | tuple[str, ...] = ()) -> Scenario:
+    """Mapping (parsed YAML) + `KEY=VALUE` overrides -> Scenario, or ConfigError with every problem."""
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"<root>: a scenario must be a mapping of sections, got {type(data).__name__}")
+    data = _apply_overrides(data, overrides)
+    sc = build(Scenario, data)
+    problems = [f"{path}: {msg}" for check in CROSS_CHECKS for path, msg in check(sc)]
+    if problems:
+        raise ConfigError(problems)
+    return sc
+
+
+def _apply_overrides(data: dict[str, Any], overrides: list[str] | tuple[str, ...]) -> dict[str, Any]:
+    import copy
+
+    data = copy.deepcopy(data)
+    for item in overrides:
+        if "=" not in item:
+            raise ConfigError(f"--set {item}: expected KEY=VALUE, e.g. --set training.steps=50")
+        key, raw = item.split("=", 1)
+        try:
+            value = yaml.safe_load(raw) if raw.strip() else ""
+        except yaml.YAMLError as exc:
+            raise ConfigError(f"--set {key}: value {raw!r} is not valid YAML ({exc.__class__.__name__})") from None
+        set_path(data, key.strip(), value)
+    return data
+
+
+def load(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -> Scenario:
+    """Read and validate a scenario file."""
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"{path}: scenario file not found")
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"{path}: cannot read scenario file ({exc})") from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+        raise ConfigError(f"{path}:{where}: malformed YAML: {problem}") from None
+    try:
+        return validate(data, overrides)
+    except ConfigError as exc:
+        raise ConfigError([f"{path}: {p}" for p in exc.problems]) from None
