@@ -41,8 +41,10 @@ def cmd_run(args: argparse.Namespace) -> int:
     out = Path(args.out) if args.out else _default_out(sc.name)
     summary = runner.run(sc, out, progress=None if not args.quiet else False, backend=args.backend)
     t = summary["training"]
-    print(f"{sc.name}: val loss {t['initial_val_loss']:.4f} -> {t['final_val_loss']:.4f} "
-          f"in {summary['cost']['wall_s']:.1f} s; results in {out}")
+    print(
+        f"{sc.name}: val loss {t['initial_val_loss']:.4f} -> {t['final_val_loss']:.4f} "
+        f"in {summary['cost']['wall_s']:.1f} s; results in {out}"
+    )
     return 0
 
 
@@ -58,8 +60,9 @@ def cmd_list(args: argparse.Namespace) -> int:
     kinds = [args.kind] if args.kind else list(REGISTRIES)
     for kind in kinds:
         if kind not in REGISTRIES:
-            raise ConfigError(f"unknown plugin kind {kind!r}{did_you_mean(kind, list(REGISTRIES))}; "
-                              f"valid: {', '.join(REGISTRIES)}")
+            raise ConfigError(
+                f"unknown plugin kind {kind!r}{did_you_mean(kind, list(REGISTRIES))}; valid: {', '.join(REGISTRIES)}"
+            )
         reg = REGISTRIES[kind]
         print(f"{kind}:")
         for name in reg.names():

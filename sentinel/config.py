@@ -198,7 +198,10 @@ def build(cls: type, data: Any, path: str = "", problems: _Problems | None = Non
             valid = list(fields)
             if issubclass(cls, PluginSpec):
                 valid.append("<plugin parameters>")
-            problems.add(_join(path, str(key)), f"unknown key {str(key)!r}{did_you_mean(str(key), list(fields))}; valid keys: {', '.join(valid)}")
+            problems.add(
+                _join(path, str(key)),
+                f"unknown key {str(key)!r}{did_you_mean(str(key), list(fields))}; valid keys: {', '.join(valid)}",
+            )
     for name, f in fields.items():
         if name not in data and f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:  # type: ignore[misc]
             problems.add(_join(path, name), "required key is missing")
@@ -270,5 +273,6 @@ def set_path(data: dict[str, Any], dotted: str, value: Any) -> None:
         if not isinstance(node, list) or last >= len(node):
             raise ConfigError(f"--set {dotted}: index {last} does not exist")
     elif not isinstance(node, dict):
-        raise ConfigError(f"--set {dotted}: parent is not a mapping")
+        where = ".".join(str(p) for p in parts[:-1])
+        raise ConfigError(f"--set {dotted}: {where} is {node!r}, not a mapping")
     node[last] = value

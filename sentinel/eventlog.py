@@ -63,7 +63,8 @@ class Table:
 
     @classmethod
     def from_arrays(cls, arrays: dict[str, np.ndarray]) -> Table:
-        t = cls({k: v.dtype for k, v in arrays.items()}, capacity=max(1, max((len(v) for v in arrays.values()), default=1)))
+        capacity = max(1, max((len(v) for v in arrays.values()), default=1))
+        t = cls({k: v.dtype for k, v in arrays.items()}, capacity=capacity)
         for k, v in arrays.items():
             t._cols[k][: len(v)] = v
             t.n = len(v)

@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
-import importlib.metadata
 from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
 
@@ -142,6 +141,4 @@ DETECTORS = Registry("detectors", ("sentinel.detectors",))
 AGGREGATORS = Registry("aggregators", ("sentinel.engine.aggregators",))
 CODECS = Registry("codecs", ("sentinel.transport.codecs",))
 
-REGISTRIES: dict[str, Registry] = {
-    r.kind: r for r in (ATTACKS, DETECTORS, AGGREGATORS, CODECS)
-}
+REGISTRIES: dict[str, Registry] = {r.kind: r for r in (ATTACKS, DETECTORS, AGGREGATORS, CODECS)}

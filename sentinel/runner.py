@@ -150,7 +150,7 @@ def report_md(summary: dict) -> str:
         f"- backend `{summary['backend']}`, seed {summary['seed']}, {w['total']} workers "
         f"({w['stages']} stages x {w['replicas']} replicas), malicious: {', '.join(w['malicious']) or 'none'}",
         f"- validation loss {t['initial_val_loss']:.4f} -> {t['final_val_loss']:.4f} after {t['steps']} steps"
-        + (f" (optimum {t['optimum_loss']:.4f}, excess {t['excess_loss']:.4f})" if t["optimum_loss"] is not None else ""),
+        + (f" (optimum {t['optimum_loss']:.4f}, excess {t['excess_loss']:.4f})" if t["optimum_loss"] else ""),
         f"- bytes on the wire: {summary['transport']['bytes_sent']:,}; wall time {summary['cost']['wall_s']:.1f} s",
         "",
         "![loss curves](loss.png)",

@@ -194,14 +194,6 @@ def _data_path(sc: Scenario) -> list[tuple[str, str]]:
     return []
 
 
-@cross_check
-def _schedule_steps(sc: Scenario) -> list[tuple[str, str]]:
-    t = sc.training
-    if t.warmup_steps > t.steps:
-        return [("training.warmup_steps", f"{t.warmup_steps} warm-up steps exceed training.steps ({t.steps})")]
-    return []
-
-
 def validate(data: Any, overrides: list[str] | tuple[str, ...] = ()) -> Scenario:
     """Mapping (parsed YAML) + `KEY=VALUE` overrides -> Scenario, or ConfigError with every problem."""
     if data is None:

@@ -54,7 +54,9 @@ def make_schedule(name: str, num_stages: int, num_microbatches: int) -> list[lis
     return SCHEDULES[name](num_stages, num_microbatches)
 
 
-def execute(per_stage: list[list[Action]], ready: Callable[[Action], bool], run: Callable[[Action], None]) -> list[Action]:
+def execute(
+    per_stage: list[list[Action]], ready: Callable[[Action], bool], run: Callable[[Action], None]
+) -> list[Action]:
     """Run the actions in ticks: each tick, every stage runs its next action if `ready` says so.
 
     Returns the global order in which actions ran. Raises RuntimeError on a deadlock (a schedule

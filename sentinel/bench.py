@@ -1,0 +1,119 @@
+"""`sentinel bench`: performance as ratios measured side by side in one invocation.
+
+Absolute times on a shared machine are noise; a ratio of two configurations timed alternately in
+the same process is a figure. Each benchmark returns a dict merged into the printed JSON.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+
+from sentinel import scenario as scenario_mod
+from sentinel.data import Dataset
+from sentinel.engine.optim import lr_at, make_optimizer
+from sentinel.engine.sim import SimEngine
+from sentinel.model import build_stages, loss_fn
+
+SCENARIOS = Path(__file__).resolve().parent.parent / "scenarios" / "bench"
+BENCHMARKS: list[Callable[[bool], dict]] = []
+
+
+def benchmark(fn: Callable[[bool], dict]) -> Callable[[bool], dict]:
+    BENCHMARKS.append(fn)
+    return fn
+
+
+def load_bench(name: str, *overrides: str) -> scenario_mod.Scenario:
+    return scenario_mod.load(SCENARIOS / f"{name}.yaml", list(overrides))
+
+
+class PlainLoop:
+    """The reference: one unsplit model, one optimizer, the same microbatches, no messages."""
+
+    def __init__(self, sc: scenario_mod.Scenario):
+        self.sc, self.data = sc, Dataset(sc)
+        self.model = build_stages(sc.model, sc.model.vocab or self.data.vocab, 1, sc.seed)[0]
+        self.opt = make_optimizer(self.model.parameters(), sc.training)
+        self.step = 0
+
+    def train_step(self) -> float:
+        batch = self.data.train_batch(self.step)  # M, B, T+1
+        losses = []
+        for mb in batch:
+            loss = loss_fn(self.model(mb[:, :-1]), mb[:, 1:])
+            loss.backward()
+            losses.append(loss.item())
+        for p in self.model.parameters():
+            p.grad.div_(len(batch))
+        for g in self.opt.param_groups:
+            g["lr"] = lr_at(self.step, self.sc.training)
+        self.opt.step()
+        self.opt.zero_grad(set_to_none=True)
+        self.step += 1
+        return sum(losses) / len(losses)
+
+
+def time_steps(trainer, steps: int) -> float:
+    """Seconds per step over `steps` steps (after one untimed warm-up step)."""
+    trainer.train_step()
+    t0 = time.perf_counter()
+    for _ in range(steps):
+        trainer.train_step()
+    return (time.perf_counter() - t0) / steps
+
+
+def alternate(factories: dict[str, Callable[[], object]], reps: int, steps: int) -> dict[str, float]:
+    """Median seconds per step of each trainer, timed in alternation to share the machine's noise."""
+    times: dict[str, list[float]] = {k: [] for k in factories}
+    for _ in range(reps):
+        for name, make in factories.items():
+            times[name].append(time_steps(make(), steps))
+    return {k: statistics.median(v) for k, v in times.items()}
+
+
+@benchmark
+def engine_overhead(quick: bool) -> dict:
+    sc = load_bench("engine")
+    t = alternate(
+        {"plain": lambda: PlainLoop(sc), "engine": lambda: SimEngine(sc)},
+        reps=2 if quick else 5,
+        steps=3 if quick else 8,
+    )
+    return {
+        "engine_overhead": t["engine"] / t["plain"],
+        "engine_overhead_detail": {
+            "plain_s_per_step": t["plain"],
+            "sim_s_per_step": t["engine"],
+            "stages": sc.pipeline.stages,
+            "replicas": sc.pipeline.replicas,
+        },
+    }
+
+
+@benchmark
+def scale_cost_ratio(quick: bool) -> dict:
+    small = load_bench("scale", "pipeline.replicas=1")
+    big = load_bench("scale", "pipeline.replicas=11")
+    t = alternate(
+        {"16": lambda: SimEngine(small), "176": lambda: SimEngine(big)}, reps=1 if quick else 3, steps=2 if quick else 4
+    )
+    return {
+        "scale_cost_ratio": t["176"] / t["16"],
+        "scale_detail": {
+            "workers_16_s_per_step": t["16"],
+            "workers_176_s_per_step": t["176"],
+            "microbatches_per_step": small.pipeline.microbatches,
+        },
+    }
+
+
+def run_all(quick: bool = False) -> dict:
+    out: dict = {"quick": quick, "torch_threads": torch.get_num_threads()}
+    for fn in BENCHMARKS:
+        out.update(fn(quick))
+    return out

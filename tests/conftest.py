@@ -1,0 +1,31 @@
+"""Shared test helpers: tiny scenarios that train in a second or two."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+from sentinel import scenario
+
+torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
+
+TINY = {
+    "name": "tiny",
+    "seed": 0,
+    "model": {"layers": 4, "dim": 32, "heads": 2, "seq_len": 16},
+    "data": {"source": "synthetic", "vocab": 32, "batch_size": 4, "val_batches": 2},
+    "pipeline": {"stages": 4, "replicas": 1, "microbatches": 4, "schedule": "1f1b", "routing": "random"},
+    "training": {"steps": 12, "lr": 3.0e-3, "warmup_steps": 2, "eval_every": 6},
+}
+
+
+def tiny(*overrides: str, base: dict | None = None) -> scenario.Scenario:
+    """A validated tiny scenario with `key=value` overrides."""
+    return scenario.validate(base or TINY, list(overrides))
+
+
+@pytest.fixture
+def tiny_scenario():
+    return tiny

@@ -1,0 +1,50 @@
+from __future__ import annotations
+
+import csv
+
+import numpy as np
+import torch
+
+from sentinel.detectors import Verdict
+from sentinel.eventlog import EventLog, Table
+from sentinel.transport import Message, Role
+
+
+def test_table_grows_and_adds_columns_lazily():
+    t = Table({"a": np.int32}, capacity=2)
+    for i in range(5):
+        t.append(a=i)
+    t.add_column("b", np.float32, np.nan)
+    t.append(a=5, b=1.5)
+    assert list(t["a"]) == [0, 1, 2, 3, 4, 5]
+    assert np.isnan(t["b"][:5]).all() and t["b"][5] == 1.5
+
+
+def _msg(log, step, role=Role.ACTIVATION):
+    m = Message(step, 0, 1, role, "s1r0", "s2r1", torch.ones(2, 3), wire_bytes=24)
+    m.msg_id = log.next_message_id()
+    log.log_message(m)
+    return m
+
+
+def test_save_load_round_trip_and_csv(tmp_path):
+    log = EventLog()
+    a = _msg(log, 0)
+    b = _msg(log, 1, Role.GRADIENT)
+    log.log_tamper(b, "scaling", 2.0)
+    log.log_verdict(a.msg_id, Verdict({"l1": 0.5}, False))
+    log.log_verdict(b.msg_id, Verdict({"l1": 3.0}, True))
+    log.log_loss(0, 0, 1.25)
+    log.log_eval(0, 2.5)
+    log.log_ban(1, "s1r0")
+    log.save(tmp_path)
+    back = EventLog.load(tmp_path)
+    for t in EventLog.TABLES:
+        for k, v in getattr(log, t).as_arrays().items():
+            np.testing.assert_array_equal(getattr(back, t)[k], v)
+    assert back.workers == log.workers and back.attacks == ["scaling"]
+    log.write_events_csv(tmp_path / "events.csv")
+    rows = list(csv.DictReader(open(tmp_path / "events.csv")))
+    assert [r["tampered_by"] for r in rows] == ["", "scaling"]
+    assert [r["flagged"] for r in rows] == ["0", "1"] and rows[1]["score_l1"] == "3"
+    assert rows[1]["role"] == "gradient" and rows[0]["sender"] == "s1r0"
