@@ -92,6 +92,30 @@ def cmd_describe(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_sweep(args: argparse.Namespace) -> int:
+    from sentinel import sweep
+
+    out = Path(args.out) if args.out else _default_out(Path(args.scenario).stem + "-sweep")
+    rows = sweep.run_sweep(args.scenario, out, args.set, jobs=args.jobs)
+    print((out / "sweep.md").read_text(), end="")
+    print(f"{len(rows)} grid points; table and plots in {out}")
+    return 0
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    from sentinel.scoring import report
+
+    for d in args.dirs:
+        report.rebuild(Path(d))
+        print(f"rebuilt {d}/summary.json and {d}/report.md")
+    if len(args.dirs) > 1:
+        table = report.combined_table([Path(d) for d in args.dirs])
+        print(table, end="")
+        if args.out:
+            Path(args.out).write_text(table)
+    return 0
+
+
 def cmd_bench(args: argparse.Namespace) -> int:
     from sentinel import bench
 
@@ -120,6 +144,16 @@ def make_parser() -> argparse.ArgumentParser:
     d = sub.add_parser("describe", help="a plugin's parameters and docs (NAME or KIND/NAME)")
     d.add_argument("name")
     d.set_defaults(fn=cmd_describe)
+    sw = sub.add_parser("sweep", help="run the scenario's sweep.grid (resumable); one table and plots")
+    sw.add_argument("scenario")
+    sw.add_argument("--out", help="sweep folder (default: runs/NAME-sweep-TIMESTAMP); rerun it to resume")
+    sw.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
+    sw.add_argument("--jobs", type=int, default=None, help="parallel processes (default: cores / 2)")
+    sw.set_defaults(fn=cmd_sweep)
+    rp = sub.add_parser("report", help="rebuild summary and report of saved result folders; combine several")
+    rp.add_argument("dirs", nargs="+")
+    rp.add_argument("--out", help="write the combined table (markdown) here")
+    rp.set_defaults(fn=cmd_report)
     b = sub.add_parser("bench", help="performance benchmarks, printed as JSON ratios")
     b.add_argument("--quick", action="store_true", help="fewer repetitions (a smoke run)")
     b.set_defaults(fn=cmd_bench)

@@ -92,6 +92,7 @@ class EventLog:
         self.workers: list[str] = []
         self._worker_ix: dict[str, int] = {}
         self.attacks: list[str] = []
+        self.meta: dict[str, Any] = {}  # run facts the scorer needs later (malicious set, optimum, steps)
         self._next_msg = 0
 
     # -- string tables -------------------------------------------------------------------------
@@ -147,7 +148,9 @@ class EventLog:
         out_dir = Path(out_dir)
         arrays = {f"{t}.{k}": v for t in self.TABLES for k, v in getattr(self, t).as_arrays().items()}
         np.savez_compressed(out_dir / "events.npz", **arrays)
-        (out_dir / "events.json").write_text(json.dumps({"workers": self.workers, "attacks": self.attacks}))
+        (out_dir / "events.json").write_text(
+            json.dumps({"workers": self.workers, "attacks": self.attacks, "meta": self.meta}, indent=1)
+        )
 
     @classmethod
     def load(cls, out_dir: Path) -> EventLog:
@@ -162,6 +165,7 @@ class EventLog:
         for w in names["workers"]:
             log.worker_index(w)
         log.attacks = list(names["attacks"])
+        log.meta = dict(names.get("meta", {}))
         log._next_msg = len(log.messages)
         return log
 

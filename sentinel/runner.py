@@ -13,7 +13,6 @@ If a run fails or is interrupted, what was logged so far is saved and `failure.t
 from __future__ import annotations
 
 import dataclasses
-import json
 import sys
 import time
 import traceback
@@ -25,7 +24,8 @@ from sentinel.engine.sim import SimEngine
 from sentinel.errors import RunError
 from sentinel.eventlog import EventLog
 from sentinel.scenario import Scenario
-from sentinel.scoring.plots import loss_curves
+from sentinel.scoring.metrics import impact_metrics
+from sentinel.scoring.report import finish
 from sentinel.scoring.summary import build_summary
 
 
@@ -37,6 +37,9 @@ def build_engine(scenario: Scenario, log: EventLog | None = None) -> SimEngine:
     engine = SimEngine(scenario, log)
     engine.transport.adversary = build_adversary(scenario, engine)
     engine.transport.verifier, engine.transport.responder = build_defence(scenario, engine)
+    view = getattr(engine.transport.verifier, "detector_view", None)  # read-only, for white-box attacks
+    if callable(view) and hasattr(engine.transport.adversary, "attach_detector_view"):
+        engine.transport.adversary.attach_detector_view(view())
     return engine
 
 
@@ -109,6 +112,9 @@ def train(scenario: Scenario, out_dir: Path | None, progress: bool | None = None
             + (f" (partial EventLog and traceback saved in {out_dir})" if out_dir else "")
         ) from exc
     bar.close()
+    if out_dir is not None:
+        out_dir.mkdir(parents=True, exist_ok=True)
+        log.save(out_dir)
     return engine, result, time.perf_counter() - t0
 
 
@@ -118,42 +124,27 @@ def run(scenario: Scenario, out_dir: Path, progress: bool | None = None, backend
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / "scenario.yaml").write_text(yaml.safe_dump(scenario.to_dict(), sort_keys=False))
     t0 = time.perf_counter()
-    impact = None
-    if scenario.scoring.twins:
-        impact = {"clean_val_loss": None, "undefended_val_loss": None, "defended_val_loss": None}
-        for kind in scenario.scoring.twins:
-            twin_dir = out_dir / f"twin_{kind}"
-            _, res, _ = train(twin_scenario(scenario, kind), twin_dir, progress, label=kind)
-            impact[f"{kind}_val_loss"] = res["final_val_loss"]
+    twins = {}
+    for kind in scenario.scoring.twins:
+        twin_engine, _, _ = train(twin_scenario(scenario, kind), out_dir / f"twin_{kind}", progress, label=kind)
+        twins[kind] = twin_engine.log
     engine, result, _ = train(scenario, out_dir, progress, label=scenario.name)
-    if impact is not None:
-        impact["defended_val_loss"] = result["final_val_loss"]
+    sc, p = scenario, scenario.pipeline
+    tokens_per_step = p.microbatches * sc.data.batch_size * sc.model.seq_len
+    impact = impact_metrics(engine.log, twins, engine.data.optimum_loss, tokens_per_step) if twins else None
     log = engine.log
+    log.meta.update(malicious=malicious_workers(engine), optimum_loss=engine.data.optimum_loss, backend=backend)
     summary = build_summary(
-        log, scenario=scenario, backend=backend, malicious=malicious_workers(engine), result=result,
-        bytes_sent=engine.transport.bytes_sent, wall_s=time.perf_counter() - t0,
-        detector_s=engine.transport.verifier_s, optimum_loss=engine.data.optimum_loss, impact=impact,
+        log,
+        scenario=scenario,
+        backend=backend,
+        malicious=malicious_workers(engine),
+        result=result,
+        bytes_sent=engine.transport.bytes_sent,
+        wall_s=time.perf_counter() - t0,
+        detector_s=engine.transport.verifier_s,
+        optimum_loss=engine.data.optimum_loss,
+        impact=impact,
     )
     log.save(out_dir)
-    log.write_events_csv(out_dir / "events.csv")
-    (out_dir / "summary.json").write_text(json.dumps(summary, indent=2))
-    loss_curves(log, out_dir / "loss.png", f"{scenario.name}: loss", engine.data.optimum_loss)
-    (out_dir / "report.md").write_text(report_md(summary))
-    return summary
-
-
-def report_md(summary: dict) -> str:
-    t, w = summary["training"], summary["workers"]
-    lines = [
-        f"# Run report: {summary['scenario']}",
-        "",
-        f"- backend `{summary['backend']}`, seed {summary['seed']}, {w['total']} workers "
-        f"({w['stages']} stages x {w['replicas']} replicas), malicious: {', '.join(w['malicious']) or 'none'}",
-        f"- validation loss {t['initial_val_loss']:.4f} -> {t['final_val_loss']:.4f} after {t['steps']} steps"
-        + (f" (optimum {t['optimum_loss']:.4f}, excess {t['excess_loss']:.4f})" if t["optimum_loss"] else ""),
-        f"- bytes on the wire: {summary['transport']['bytes_sent']:,}; wall time {summary['cost']['wall_s']:.1f} s",
-        "",
-        "![loss curves](loss.png)",
-        "",
-    ]
-    return "\n".join(lines)
+    return finish(out_dir, log, summary)

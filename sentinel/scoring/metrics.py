@@ -165,3 +165,35 @@ def arl0(log: EventLog, steps: int) -> dict:
         "arl0": steps / n if n else None,
         "note": None if n else f"no false alarm in {steps} steps (ARL0 > {steps})",
     }
+
+
+def impact_metrics(defended: EventLog, twins: dict[str, EventLog], optimum: float | None, tokens_per_step: int) -> dict:
+    """Convergence impact from the twin runs (same seed and data order).
+
+    - `<run>_val_loss`: final validation loss; `<run>_excess`: over the data's optimum (synthetic source);
+    - `recovered_fraction` = (undefended - defended) / (undefended - clean): the share of the attack's
+      damage the defence recovers (null when the attack did no damage);
+    - `tokens_to_target.<run>`: training tokens until the validation loss first reaches the target
+      `clean_final + 0.1 * (initial - clean_final)` (null: never reached).
+    """
+    runs = {"defended": defended, **twins}
+    out: dict = {f"{k}_val_loss": float(v.evals["val_loss"][-1]) for k, v in runs.items()}
+    for k in ("clean", "undefended", "defended"):
+        out.setdefault(f"{k}_val_loss", None)
+    if optimum is not None:
+        out.update(
+            {f"{k}_excess": v - optimum for k, v in list(out.items()) if k.endswith("_val_loss") and v is not None}
+        )
+    clean, undef, dfd = out["clean_val_loss"], out["undefended_val_loss"], out["defended_val_loss"]
+    out["recovered_fraction"] = (
+        (undef - dfd) / (undef - clean) if None not in (clean, undef) and undef > clean else None
+    )
+    if "clean" in twins:
+        c = twins["clean"].evals
+        target = c["val_loss"][-1] + 0.1 * (c["val_loss"][0] - c["val_loss"][-1])
+        out["target_val_loss"] = float(target)
+        out["tokens_to_target"] = {}
+        for k, v in runs.items():
+            hit = np.flatnonzero(v.evals["val_loss"] <= target)
+            out["tokens_to_target"][k] = int(v.evals["step"][hit[0]]) * tokens_per_step if len(hit) else None
+    return out

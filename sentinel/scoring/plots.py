@@ -1,4 +1,4 @@
-"""Plots of a run (PNG, matplotlib's Agg backend: no display needed)."""
+"""Plots of a run (PNG via matplotlib's Agg backend: no display needed)."""
 
 from __future__ import annotations
 
@@ -7,28 +7,102 @@ from pathlib import Path
 import numpy as np
 
 from sentinel.eventlog import EventLog
+from sentinel.scoring.metrics import checked_messages
 
 
-def loss_curves(log: EventLog, path: Path, title: str, optimum: float | None = None) -> None:
+def _plt():
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(7, 4))
+    return plt
+
+
+def _train_curve(log: EventLog) -> tuple[np.ndarray, np.ndarray]:
     steps, losses = log.losses["step"], log.losses["loss"]
-    if len(steps):
-        uniq = np.unique(steps)
-        mean = np.array([losses[steps == s].mean() for s in uniq])
-        ax.plot(uniq + 1, mean, lw=0.8, alpha=0.6, label="training loss (mean over microbatches)")
-    ax.plot(log.evals["step"], log.evals["val_loss"], "o-", label="validation loss")
+    if not len(steps):
+        return np.array([]), np.array([])
+    uniq = np.unique(steps)
+    return uniq + 1, np.array([losses[steps == s].mean() for s in uniq])
+
+
+def loss_curves(
+    log: EventLog, path: Path, title: str, optimum: float | None = None, twins: dict[str, EventLog] | None = None
+) -> None:
+    """Validation (and training) loss of the run and its twins, attack onset and bans marked."""
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(7.5, 4.2))
+    x, y = _train_curve(log)
+    ax.plot(x, y, lw=0.7, alpha=0.4, color="C0", label="training loss (this run)")
+    ax.plot(log.evals["step"], log.evals["val_loss"], "o-", color="C0", label="validation loss (this run)")
+    for i, (name, tlog) in enumerate((twins or {}).items(), start=1):
+        ax.plot(
+            tlog.evals["step"], tlog.evals["val_loss"], "s--", color=f"C{i}", label=f"validation loss ({name} twin)"
+        )
+    if len(log.ground_truth):
+        onset = int(log.ground_truth["step"].min())
+        ax.axvline(onset, color="red", lw=1, ls=":", label=f"attack onset (step {onset})")
+    for j, step in enumerate(log.bans["step"]):
+        ax.axvline(int(step) + 1, color="purple", lw=0.8, alpha=0.6, label="ban" if j == 0 else None)
     if optimum is not None:
         ax.axhline(optimum, ls="--", c="k", lw=0.8, label=f"optimum (entropy rate) {optimum:.3f}")
     ax.set_xlabel("optimizer step")
     ax.set_ylabel("cross-entropy (nats / token)")
     ax.set_title(title)
-    ax.legend()
+    ax.legend(fontsize=7)
     ax.grid(alpha=0.3)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
+
+
+def detection_plots(log: EventLog, out_dir: Path) -> list[str]:
+    """Score timelines (tampered vs clean, with fences when logged) and steps-to-ban histogram."""
+    out: list[str] = []
+    if not len(log.verdicts):
+        return out
+    plt = _plt()
+    c = checked_messages(log)
+    v = log.verdicts.as_arrays()
+    stats = [k[len("score_") :] for k in v if k.startswith("score_")]
+    if stats:
+        fig, axes = plt.subplots(len(stats), 1, figsize=(7.5, 2.2 * len(stats)), sharex=True, squeeze=False)
+        for ax, name in zip(axes[:, 0], stats):
+            score = v[f"score_{name}"]
+            for mask, color, label in (
+                (~c["tampered"] & ~c["contaminated"], "C0", "clean"),
+                (c["contaminated"], "C2", "contaminated downstream"),
+                (c["tampered"], "C3", "tampered"),
+            ):
+                if mask.any():
+                    ax.scatter(c["step"][mask], score[mask], s=3, alpha=0.5, color=color, label=label)
+            if f"fence_{name}" in v:
+                order = np.argsort(c["step"], kind="stable")
+                ax.plot(c["step"][order], v[f"fence_{name}"][order], lw=0.6, color="k", alpha=0.5, label="fence")
+            ax.set_ylabel(name, fontsize=8)
+            ax.set_yscale("symlog", linthresh=1e-3)
+            ax.grid(alpha=0.3)
+        axes[0, 0].legend(fontsize=7, markerscale=3)
+        axes[-1, 0].set_xlabel("optimizer step")
+        fig.suptitle("detector statistics per message")
+        fig.tight_layout()
+        fig.savefig(out_dir / "scores.png", dpi=110)
+        plt.close(fig)
+        out.append("scores.png")
+    delays = []
+    for w, step in zip(log.bans["worker"], log.bans["step"]):
+        first = log.ground_truth["step"][log.ground_truth["worker"] == w]
+        if len(first):
+            delays.append(int(step) - int(first.min()))
+    if delays:
+        fig, ax = plt.subplots(figsize=(5, 3))
+        ax.hist(delays, bins=range(0, max(delays) + 2), color="C4")
+        ax.set_xlabel("steps from first tampered message to ban")
+        ax.set_ylabel("malicious workers")
+        ax.set_title("detection delay")
+        fig.tight_layout()
+        fig.savefig(out_dir / "detection_delay.png", dpi=110)
+        plt.close(fig)
+        out.append("detection_delay.png")
+    return out

@@ -101,3 +101,18 @@ def test_failed_run_saves_partial_log_and_exits_1(tmp_path, capsys, monkeypatch)
     err = capsys.readouterr().err
     assert "failed at step 2" in err and "simulated blow-up" in err and "Traceback" not in err
     assert (out / "events.npz").is_file() and "simulated blow-up" in (out / "failure.txt").read_text()
+
+
+def test_report_rebuilds_saved_results_without_retraining(tmp_path, capsys):
+    sc = tmp_path / "s.yaml"
+    sc.write_text(yaml.safe_dump(TINY))
+    out = tmp_path / "out"
+    assert main(["run", str(sc), "--out", str(out), "--set", "training.steps=3", "--quiet"]) == 0
+    before = json.loads((out / "summary.json").read_text())
+    (out / "summary.json").unlink()
+    (out / "report.md").unlink()
+    assert main(["report", str(out), str(out)]) == 0
+    after = json.loads((out / "summary.json").read_text())
+    assert after["training"] == before["training"] and after["detection"] == before["detection"]
+    assert (out / "report.md").is_file() and "| run | final val loss" in capsys.readouterr().out
+    assert main(["report", str(tmp_path)]) == 2

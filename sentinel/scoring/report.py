@@ -1,0 +1,139 @@
+"""Result folders: write and rebuild summary.json, report.md and plots from saved EventLogs.
+
+`sentinel report DIR...` calls `rebuild` on saved results (no retraining) and, for several
+folders, prints one combined table.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import yaml
+
+from sentinel.eventlog import EventLog
+from sentinel.scoring import plots
+from sentinel.scoring.metrics import impact_metrics
+from sentinel.scoring.summary import build_summary
+
+TWINS = ("clean", "undefended")
+
+
+def write_json_atomic(path: Path, data: dict) -> None:
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    tmp.write_text(json.dumps(data, indent=2))
+    os.replace(tmp, path)
+
+
+def twin_logs(out_dir: Path) -> dict[str, EventLog]:
+    return {k: EventLog.load(out_dir / f"twin_{k}") for k in TWINS if (out_dir / f"twin_{k}" / "events.npz").is_file()}
+
+
+def finish(out_dir: Path, log: EventLog, summary: dict) -> dict:
+    """Write events.csv, plots, report.md and, last and atomically, summary.json."""
+    out_dir = Path(out_dir)
+    log.write_events_csv(out_dir / "events.csv")
+    twins = twin_logs(out_dir)
+    plots.loss_curves(
+        log, out_dir / "loss.png", f"{summary['scenario']}: loss", summary["training"]["optimum_loss"], twins=twins
+    )
+    extra = plots.detection_plots(log, out_dir)
+    (out_dir / "report.md").write_text(report_md(summary, extra))
+    write_json_atomic(out_dir / "summary.json", summary)
+    return summary
+
+
+def rebuild(out_dir: Path) -> dict:
+    """Recompute summary.json, report.md and plots of a saved run folder."""
+    from sentinel import scenario as scenario_mod
+
+    out_dir = Path(out_dir)
+    if not (out_dir / "events.npz").is_file() or not (out_dir / "scenario.yaml").is_file():
+        from sentinel.errors import ConfigError
+
+        raise ConfigError(f"{out_dir}: not a result folder (needs events.npz and scenario.yaml)")
+    sc = scenario_mod.validate(yaml.safe_load((out_dir / "scenario.yaml").read_text()))
+    log = EventLog.load(out_dir)
+    meta = log.meta
+    old = json.loads((out_dir / "summary.json").read_text()) if (out_dir / "summary.json").is_file() else {}
+    twins = twin_logs(out_dir)
+    tokens_per_step = sc.pipeline.microbatches * sc.data.batch_size * sc.model.seq_len
+    impact = impact_metrics(log, twins, meta.get("optimum_loss"), tokens_per_step) if twins else None
+    summary = build_summary(
+        log,
+        scenario=sc,
+        backend=meta.get("backend", "sim"),
+        malicious=meta.get("malicious", []),
+        result={
+            "initial_val_loss": float(log.evals["val_loss"][0]),
+            "final_val_loss": float(log.evals["val_loss"][-1]),
+        },
+        bytes_sent=int(log.messages["bytes"].sum()),
+        wall_s=old.get("cost", {}).get("wall_s", 0.0),
+        detector_s=old.get("cost", {}).get("detector_s", 0.0),
+        optimum_loss=meta.get("optimum_loss"),
+        impact=impact,
+        sim_time_s=old.get("transport", {}).get("sim_time_s"),
+    )
+    return finish(out_dir, log, summary)
+
+
+def _f(v, fmt=".4f") -> str:
+    return "n/a" if v is None else format(v, fmt)
+
+
+def report_md(summary: dict, figures: list[str] = ()) -> str:
+    t, w, d = summary["training"], summary["workers"], summary["detection"]
+    m, wk, imp = d["messages"], d["workers"], summary["impact"]
+    lines = [
+        f"# Run report: {summary['scenario']}",
+        "",
+        f"- backend `{summary['backend']}`, seed {summary['seed']}, {w['total']} workers "
+        f"({w['stages']} stages x {w['replicas']} replicas); malicious: {', '.join(w['malicious']) or 'none'}",
+        f"- validation loss {_f(t['initial_val_loss'])} -> {_f(t['final_val_loss'])} after {t['steps']} steps"
+        + (f" (optimum {_f(t['optimum_loss'])}, excess {_f(t['excess_loss'])})" if t.get("optimum_loss") else ""),
+        f"- bytes on the wire: {summary['transport']['bytes_sent']:,}; wall time {summary['cost']['wall_s']:.1f} s "
+        f"(detector {summary['cost']['detector_s']:.2f} s)",
+        "",
+        "## Detection",
+        "",
+        "| level | precision | recall | F1 | FPR | details |",
+        "|---|---|---|---|---|---|",
+        f"| messages | {_f(m['precision'], '.3f')} | {_f(m['recall'], '.3f')} | {_f(m['f1'], '.3f')} | "
+        f"{_f(m['fpr'], '.4f')} | TP {m['tp']}, FP {m['fp']}, FN {m['fn']}, TN {m['tn']}; contaminated "
+        f"downstream {m.get('contaminated', {}).get('messages', 0)} (flagged {m.get('contaminated', {}).get('flagged', 0)}) |",
+        f"| workers | {_f(wk['precision'], '.3f')} | {_f(wk['recall'], '.3f')} | {_f(wk['f1'], '.3f')} | | "
+        f"banned {', '.join(wk['banned']) or 'none'}; false bans {wk['false_bans']}; median steps to ban "
+        f"{_f(wk['median_steps_to_ban'], '.1f')} |",
+        "",
+    ]
+    if any(v is not None for v in imp.values()):
+        lines += [
+            "## Convergence impact (twin runs, same seed and data order)",
+            "",
+            "| run | final validation loss |",
+            "|---|---|",
+        ]
+        lines += [f"| {k.replace('_val_loss', '')} | {_f(v)} |" for k, v in imp.items() if k.endswith("val_loss")]
+        if imp.get("recovered_fraction") is not None:
+            lines += ["", f"The defence recovers {imp['recovered_fraction']:.1%} of the attack's damage."]
+        lines.append("")
+    lines += ["## Figures", "", "![loss curves](loss.png)", ""]
+    lines += [f"![{Path(f).stem}]({f})" for f in figures]
+    return "\n".join(lines) + "\n"
+
+
+def combined_table(dirs: list[Path]) -> str:
+    rows = [
+        "| run | final val loss | msg F1 | msg FPR | worker F1 | false bans | steps to ban |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for d in dirs:
+        s = json.loads((Path(d) / "summary.json").read_text())
+        m, w = s["detection"]["messages"], s["detection"]["workers"]
+        rows.append(
+            f"| {d} | {_f(s['training']['final_val_loss'])} | {_f(m['f1'], '.3f')} | {_f(m['fpr'], '.4f')} | "
+            f"{_f(w['f1'], '.3f')} | {w['false_bans']} | {_f(w['median_steps_to_ban'], '.1f')} |"
+        )
+    return "\n".join(rows) + "\n"

@@ -1,0 +1,170 @@
+"""`sentinel sweep`: run a scenario's `sweep.grid` (cartesian), resumable and in parallel.
+
+Layout:
+    DIR/points/<slug>/...   one result folder per grid point (a finished point has summary.json,
+                            written last and atomically, so a crash or Ctrl-C never leaves a point
+                            that looks finished; finished points are skipped on the next run)
+    DIR/sweep.csv, DIR/sweep.md, DIR/sweep_<metric>.png   the combined table and plots
+"""
+
+from __future__ import annotations
+
+import csv
+import itertools
+import json
+import os
+import re
+import sys
+from concurrent.futures import ProcessPoolExecutor, as_completed
+from pathlib import Path
+from typing import Any
+
+from sentinel import scenario as scenario_mod
+from sentinel.errors import ConfigError
+
+HEADLINE = [
+    ("final_val_loss", ("training", "final_val_loss")),
+    ("msg_f1", ("detection", "messages", "f1")),
+    ("msg_fpr", ("detection", "messages", "fpr")),
+    ("worker_f1", ("detection", "workers", "f1")),
+    ("false_bans", ("detection", "workers", "false_bans")),
+    ("steps_to_ban", ("detection", "workers", "median_steps_to_ban")),
+    ("clean_val_loss", ("impact", "clean_val_loss")),
+    ("undefended_val_loss", ("impact", "undefended_val_loss")),
+    ("bytes_sent", ("transport", "bytes_sent")),
+]
+
+
+def grid_points(sc: scenario_mod.Scenario) -> list[dict[str, Any]]:
+    """Cartesian product of `sweep.grid` as a list of {key: value} overrides (validated later)."""
+    grid = sc.sweep.grid
+    if not grid:
+        raise ConfigError("sweep.grid: empty; add e.g. `sweep: {grid: {detector.k: [1.5, 3, 5]}}`")
+    for key, values in grid.items():
+        if not isinstance(values, list) or not values:
+            raise ConfigError(f"sweep.grid.{key}: expected a non-empty list of values, got {values!r}")
+    keys = list(grid)
+    return [dict(zip(keys, combo)) for combo in itertools.product(*(grid[k] for k in keys))]
+
+
+def slug(point: dict[str, Any]) -> str:
+    text = "__".join(f"{k}={json.dumps(v, sort_keys=True)}" for k, v in point.items())
+    return re.sub(r"[^A-Za-z0-9_.=+-]+", "-", text)[:180] or "default"
+
+
+def _overrides(point: dict[str, Any]) -> list[str]:
+    return [f"{k}={json.dumps(v)}" for k, v in point.items()]
+
+
+def _run_point(path: str, base_overrides: list[str], point: dict[str, Any], out: str, threads: int) -> str:
+    import torch
+
+    from sentinel import runner
+
+    torch.set_num_threads(threads)
+    sc = scenario_mod.load(path, base_overrides + _overrides(point))
+    runner.run(sc, Path(out), progress=False)
+    return out
+
+
+def run_sweep(path: str | Path, out_dir: Path, overrides: list[str] = (), jobs: int | None = None) -> list[dict]:
+    """Run every unfinished grid point; return one row per point (finished ones only)."""
+    base = scenario_mod.load(path, list(overrides))
+    points = grid_points(base)
+    for p in points:  # validate every point before anything runs
+        try:
+            scenario_mod.load(path, list(overrides) + _overrides(p))
+        except ConfigError as exc:
+            raise ConfigError([f"sweep point {p}: {msg}" for msg in exc.problems]) from None
+    out_dir.mkdir(parents=True, exist_ok=True)
+    todo = [
+        (p, out_dir / "points" / slug(p))
+        for p in points
+        if not (out_dir / "points" / slug(p) / "summary.json").is_file()
+    ]
+    done = len(points) - len(todo)
+    if done:
+        print(f"[sweep] {done}/{len(points)} points already finished; resuming", file=sys.stderr)
+    jobs = jobs or max(1, min(len(todo), (os.cpu_count() or 1) // 2 or 1))
+    threads = max(1, (os.cpu_count() or 1) // jobs)
+    if jobs == 1:
+        for i, (p, d) in enumerate(todo, 1):
+            _run_point(str(path), list(overrides), p, str(d), threads)
+            print(f"[sweep] {done + i}/{len(points)} done: {slug(p)}", file=sys.stderr)
+    else:
+        with ProcessPoolExecutor(max_workers=jobs) as pool:
+            futures = [pool.submit(_run_point, str(path), list(overrides), p, str(d), threads) for p, d in todo]
+            for i, fut in enumerate(as_completed(futures), 1):
+                print(f"[sweep] {done + i}/{len(points)} done: {Path(fut.result()).name}", file=sys.stderr)
+    rows = collect(out_dir, points)
+    write_tables(out_dir, rows, list(points[0]))
+    return rows
+
+
+def _get(d: dict, path: tuple[str, ...]) -> Any:
+    for k in path:
+        if not isinstance(d, dict) or k not in d:
+            return None
+        d = d[k]
+    return d
+
+
+def collect(out_dir: Path, points: list[dict[str, Any]]) -> list[dict]:
+    rows = []
+    for p in points:
+        f = out_dir / "points" / slug(p) / "summary.json"
+        if f.is_file():
+            s = json.loads(f.read_text())
+            rows.append({**p, **{name: _get(s, path) for name, path in HEADLINE}})
+    return rows
+
+
+def _fmt(v: Any) -> str:
+    if isinstance(v, float):
+        return f"{v:.4g}"
+    return "" if v is None else str(v)
+
+
+def write_tables(out_dir: Path, rows: list[dict], keys: list[str]) -> None:
+    cols = keys + [name for name, _ in HEADLINE]
+    with open(out_dir / "sweep.csv", "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=cols)
+        w.writeheader()
+        w.writerows([{c: r.get(c) for c in cols} for r in rows])
+    lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
+    lines += ["| " + " | ".join(_fmt(r.get(c)) for c in cols) + " |" for r in rows]
+    (out_dir / "sweep.md").write_text("\n".join(lines) + "\n")
+    plot_sweep(out_dir, rows, keys)
+
+
+def plot_sweep(out_dir: Path, rows: list[dict], keys: list[str]) -> None:
+    """One figure per headline metric against the first numeric grid key (one line per other combo)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    numeric = [k for k in keys if all(isinstance(r[k], (int, float)) and not isinstance(r[k], bool) for r in rows)]
+    if not numeric or not rows:
+        return
+    x_key = numeric[0]
+    others = [k for k in keys if k != x_key]
+    for metric in ("msg_f1", "msg_fpr", "worker_f1", "final_val_loss"):
+        if all(r[metric] is None for r in rows):
+            continue
+        fig, ax = plt.subplots(figsize=(6, 4))
+        groups: dict[str, list[dict]] = {}
+        for r in rows:
+            groups.setdefault(", ".join(f"{k}={r[k]}" for k in others) or metric, []).append(r)
+        for label, rs in groups.items():
+            rs = sorted((r for r in rs if r[metric] is not None), key=lambda r: r[x_key])
+            ax.plot([r[x_key] for r in rs], [r[metric] for r in rs], "o-", label=label)
+        ax.set_xlabel(x_key)
+        ax.set_ylabel(metric)
+        ax.set_title(f"{metric} vs {x_key}")
+        ax.grid(alpha=0.3)
+        if len(groups) > 1:
+            ax.legend(fontsize=7)
+        fig.tight_layout()
+        fig.savefig(out_dir / f"sweep_{metric}.png", dpi=110)
+        plt.close(fig)

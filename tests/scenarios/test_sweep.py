@@ -1,0 +1,57 @@
+"""Sweeps: a grid runs to one table, and a killed sweep resumes without recomputing finished points."""
+
+from __future__ import annotations
+
+import csv
+import signal
+import subprocess
+import sys
+import time
+
+import yaml
+
+from tests.conftest import TINY
+
+
+def _scenario(tmp_path):
+    data = dict(TINY, training=dict(TINY["training"], steps=6, eval_every=3))
+    data["sweep"] = {"grid": {"training.lr": [0.001, 0.002, 0.004]}}
+    p = tmp_path / "s.yaml"
+    p.write_text(yaml.safe_dump(data))
+    return p
+
+
+def _sweep(path, out):
+    return [sys.executable, "-m", "sentinel.cli", "sweep", str(path), "--out", str(out), "--jobs", "1"]
+
+
+def test_sweep_resumes_after_being_killed(tmp_path):
+    path, out = _scenario(tmp_path), tmp_path / "sweep"
+    proc = subprocess.Popen(_sweep(path, out), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    deadline = time.time() + 240
+    while time.time() < deadline and not list(out.glob("points/*/summary.json")):
+        time.sleep(0.2)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait(timeout=30)
+    finished = list(out.glob("points/*/summary.json"))
+    assert 1 <= len(finished) < 3, "the sweep should have been killed mid-grid"
+    stamps = {f: f.stat().st_mtime_ns for f in finished}
+    done = subprocess.run(_sweep(path, out), capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert f"{len(finished)}/3 points already finished; resuming" in done.stderr
+    assert all(f.stat().st_mtime_ns == t for f, t in stamps.items())  # not recomputed
+    rows = list(csv.DictReader(open(out / "sweep.csv")))
+    assert sorted(float(r["training.lr"]) for r in rows) == [0.001, 0.002, 0.004]
+    assert all(float(r["final_val_loss"]) > 0 for r in rows)
+    assert (out / "sweep.md").is_file() and (out / "sweep_final_val_loss.png").is_file()
+
+
+def test_bad_grid_is_rejected_before_anything_runs(tmp_path, capsys):
+    from sentinel.cli import main
+
+    data = dict(TINY, sweep={"grid": {"training.lr": [0.001, -1.0]}})
+    p = tmp_path / "s.yaml"
+    p.write_text(yaml.safe_dump(data))
+    assert main(["sweep", str(p), "--out", str(tmp_path / "o")]) == 2
+    assert "training.lr: must be > 0, got -1.0" in capsys.readouterr().err
+    assert not (tmp_path / "o" / "points").exists()
