@@ -112,6 +112,70 @@ def scale_cost_ratio(quick: bool) -> dict:
     }
 
 
+@benchmark
+def detector_overhead(quick: bool) -> dict:
+    """Wall time per step with SENTINEL (closed loop, default config) over no detector; duplication beside it.
+
+    Same engine scenario, same data; the detector runs at every boundary message. No attack, so the
+    two runs do the same training work and the ratio is the verifier's cost.
+    """
+    from sentinel.runner import build_engine
+
+    base = load_bench("engine")
+    sentinel_sc = load_bench("engine", "detector.name=sentinel", "detector.warmup_steps=1")
+    dup_sc = load_bench("engine", "detector.name=duplication")
+    t = alternate(
+        {"none": lambda: build_engine(base), "sentinel": lambda: build_engine(sentinel_sc),
+         "duplication": lambda: build_engine(dup_sc)},
+        reps=2 if quick else 5, steps=3 if quick else 8,
+    )
+    return {
+        "detector_overhead": t["sentinel"] / t["none"],
+        "duplication_overhead": t["duplication"] / t["none"],
+        "detector_detail": {k + "_s_per_step": v for k, v in t.items()},
+    }
+
+
+@benchmark
+def dist_vs_sim(quick: bool) -> dict:
+    """Seconds per step of `dist` on 4 processes (relay + 3 stage ranks) over `sim`, same scenario (engine.yaml, S=3).
+
+    dist's figure is the relay's steady-state step time (first step excluded, evaluation excluded); sim's is
+    `time_steps` in this process. The detail splits dist's step: time the relay spends blocked waiting
+    for messages, and the worker ranks' compute vs waiting, per step.
+    """
+    import json
+    import tempfile
+
+    from sentinel.dist.launch import launch
+    from sentinel.dist.runtime import Options
+
+    steps = 4 if quick else 12
+    overrides = ["pipeline.stages=3", f"training.steps={steps}", f"training.eval_every={steps}"]
+    sc = load_bench("engine", *overrides)
+    sim_s = alternate({"sim": lambda: SimEngine(sc)}, reps=1 if quick else 2, steps=steps - 1)["sim"]
+    with tempfile.TemporaryDirectory() as tmp:
+        launch(str(SCENARIOS / "engine.yaml"), Path(tmp), overrides, nproc=4, options=Options(timeout_s=300),
+               quiet=True, timeout_s=900, output=Path(tmp) / "dist.log")
+        timing = json.loads((Path(tmp) / "dist_timing.json").read_text())
+        summary = json.loads((Path(tmp) / "summary.json").read_text())
+    ranks = timing["ranks"]
+    return {
+        "dist_vs_sim": timing["s_per_step"] / sim_s,
+        "dist_vs_sim_detail": {
+            "sim_s_per_step": sim_s,
+            "dist_s_per_step": timing["s_per_step"],
+            "processes": timing["world"],
+            "backend": timing["backend"],
+            "relay_wait_s_per_step": timing["relay_wait_s"] / steps,
+            "worker_compute_s_per_step": sum(r["compute_s"] for r in ranks) / steps,
+            "worker_wait_s_per_step": sum(r["wait_s"] for r in ranks) / steps,
+            "messages_per_step": summary["transport"]["messages"] / steps,
+            "wire_bytes_per_step": summary["transport"]["bytes_sent"] / steps,
+        },
+    }
+
+
 def run_all(quick: bool = False) -> dict:
     out: dict = {"quick": quick, "torch_threads": torch.get_num_threads()}
     for fn in BENCHMARKS:

@@ -36,10 +36,17 @@ def cmd_run(args: argparse.Namespace) -> int:
     from sentinel import runner, scenario
 
     sc = scenario.load(args.scenario, args.set)
-    if args.backend != "sim":
-        raise ConfigError(f"--backend {args.backend}: only 'sim' is available in this version")
     out = Path(args.out) if args.out else _default_out(sc.name)
-    summary = runner.run(sc, out, progress=None if not args.quiet else False, backend=args.backend)
+    if args.backend == "dist":
+        from sentinel.dist.launch import launch, options_from_cli
+
+        summary = launch(args.scenario, out, args.set, nproc=args.nproc, options=options_from_cli(args),
+                         quiet=args.quiet)
+    else:
+        dist_only = [f for f in ("nproc", "checkpoint_every", "resume", "device") if getattr(args, f, None)]
+        if dist_only:
+            raise ConfigError(f"--{dist_only[0].replace('_', '-')}: only used with --backend dist")
+        summary = runner.run(sc, out, progress=None if not args.quiet else False, backend=args.backend)
     t = summary["training"]
     print(
         f"{sc.name}: val loss {t['initial_val_loss']:.4f} -> {t['final_val_loss']:.4f} "
@@ -52,6 +59,8 @@ def cmd_validate(args: argparse.Namespace) -> int:
     from sentinel import scenario
 
     sc = scenario.load(args.scenario, args.set)
+    for note in scenario.warnings_for(sc):
+        print(f"warning: {note}", file=sys.stderr)
     print(f"{args.scenario}: ok ({sc.name}: {sc.num_workers} workers, {sc.training.steps} steps)")
     return 0
 
@@ -131,7 +140,11 @@ def make_parser() -> argparse.ArgumentParser:
     r.add_argument("--out", help="result folder (default: runs/NAME-TIMESTAMP)")
     r.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a scenario key")
     r.add_argument("--backend", choices=["sim", "dist"], default="sim")
-    r.add_argument("--nproc", type=int, default=None, help="processes for --backend dist")
+    r.add_argument("--nproc", type=int, default=None, help="processes for --backend dist (default: workers + 1)")
+    r.add_argument("--timeout", type=float, default=60.0, help="dist: seconds before a silent rank counts as stalled")
+    r.add_argument("--checkpoint-every", type=int, default=0, metavar="N", help="dist: checkpoint every N steps")
+    r.add_argument("--resume", metavar="DIR", help="dist: resume from the checkpoints of a previous run folder")
+    r.add_argument("--device", choices=["cpu", "cuda", "auto"], default=None, help="dist: compute device (cpu)")
     r.add_argument("--quiet", action="store_true", help="no progress output")
     r.set_defaults(fn=cmd_run)
     v = sub.add_parser("validate", help="check a scenario file; exit 2 with located errors")

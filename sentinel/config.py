@@ -188,19 +188,20 @@ def build(cls: type, data: Any, path: str = "", problems: _Problems | None = Non
                 problems.add(_join(path, "name"), str(exc))
     kwargs: dict[str, Any] = {}
     extra: dict[str, Any] = {}
+    aliases = {f.metadata["alias"]: n for n, f in fields.items() if f.metadata.get("alias")}  # YAML key -> field
     for key, value in data.items():
-        if key in fields:
-            f = fields[key]
-            kwargs[key] = _convert(value, hints[key], _join(path, key), problems, f.metadata)
+        if aliases.get(key, key) in fields:
+            fname = aliases.get(key, key)
+            f = fields[fname]
+            kwargs[fname] = _convert(value, hints[fname], _join(path, key), problems, f.metadata)
         elif plugin_cls is not None:
             extra[key] = value
         else:
-            valid = list(fields)
-            if issubclass(cls, PluginSpec):
-                valid.append("<plugin parameters>")
+            names = [f.metadata.get("alias") or n for n, f in fields.items()]
+            valid = names + (["<plugin parameters>"] if issubclass(cls, PluginSpec) else [])
             problems.add(
                 _join(path, str(key)),
-                f"unknown key {str(key)!r}{did_you_mean(str(key), list(fields))}; valid keys: {', '.join(valid)}",
+                f"unknown key {str(key)!r}{did_you_mean(str(key), names)}; valid keys: {', '.join(valid)}",
             )
     for name, f in fields.items():
         if name not in data and f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:  # type: ignore[misc]
@@ -235,7 +236,7 @@ def to_plain(obj: Any) -> Any:
         out.update(to_plain(obj.config) if obj.config is not None else {})
         return out
     if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
-        return {f.name: to_plain(getattr(obj, f.name)) for f in dataclasses.fields(obj)}
+        return {f.metadata.get("alias") or f.name: to_plain(getattr(obj, f.name)) for f in dataclasses.fields(obj)}
     if isinstance(obj, (list, tuple)):
         return [to_plain(v) for v in obj]
     if isinstance(obj, Mapping):

@@ -27,6 +27,7 @@ from sentinel.scenario import Scenario
 from sentinel.scoring.metrics import impact_metrics
 from sentinel.scoring.report import finish
 from sentinel.scoring.summary import build_summary
+from sentinel.transport.clock import network_report
 
 
 def build_engine(scenario: Scenario, log: EventLog | None = None) -> SimEngine:
@@ -118,22 +119,28 @@ def train(scenario: Scenario, out_dir: Path | None, progress: bool | None = None
     return engine, result, time.perf_counter() - t0
 
 
-def run(scenario: Scenario, out_dir: Path, progress: bool | None = None, backend: str = "sim") -> dict:
-    """Run the scenario (and its twins) and write the result folder. Returns the summary."""
+def run(scenario: Scenario, out_dir: Path, progress: bool | None = None, backend: str = "sim", trainer=None) -> dict:
+    """Run the scenario (and its twins) and write the result folder. Returns the summary.
+
+    `trainer` replaces `train` (same signature and contract); the dist backend passes its own.
+    """
+    trainer = trainer or train
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / "scenario.yaml").write_text(yaml.safe_dump(scenario.to_dict(), sort_keys=False))
     t0 = time.perf_counter()
     twins = {}
     for kind in scenario.scoring.twins:
-        twin_engine, _, _ = train(twin_scenario(scenario, kind), out_dir / f"twin_{kind}", progress, label=kind)
+        twin_engine, _, _ = trainer(twin_scenario(scenario, kind), out_dir / f"twin_{kind}", progress, label=kind)
         twins[kind] = twin_engine.log
-    engine, result, _ = train(scenario, out_dir, progress, label=scenario.name)
+    engine, result, _ = trainer(scenario, out_dir, progress, label=scenario.name)
     sc, p = scenario, scenario.pipeline
     tokens_per_step = p.microbatches * sc.data.batch_size * sc.model.seq_len
     impact = impact_metrics(engine.log, twins, engine.data.optimum_loss, tokens_per_step) if twins else None
     log = engine.log
     log.meta.update(malicious=malicious_workers(engine), optimum_loss=engine.data.optimum_loss, backend=backend)
+    net = network_report(engine)  # {} when transport.network.enabled is false
+    log.meta["transport"] = net
     summary = build_summary(
         log,
         scenario=scenario,
@@ -145,6 +152,8 @@ def run(scenario: Scenario, out_dir: Path, progress: bool | None = None, backend
         detector_s=engine.transport.verifier_s,
         optimum_loss=engine.data.optimum_loss,
         impact=impact,
+        sim_time_s=net.get("sim_time_s"),
     )
+    summary["transport"].update(net)  # simulated clock: sim_tokens_per_s, dp_bytes_sent, ... (network.py)
     log.save(out_dir)
     return finish(out_dir, log, summary)

@@ -66,9 +66,32 @@ class AggregatorSpec(PluginSpec):
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
+class DPCompressionConfig:
+    """Compression of the gradients replicas exchange in `sync: allreduce` (sentinel/engine/dp_compress.py)."""
+
+    method: Literal["none", "low_rank", "topk"] = spec("none", help="PowerSGD-style low rank, or top-k")
+    rank: int = spec(4, ge=1, help="low_rank: rank r of each weight matrix's approximation")
+    fraction: float = spec(0.01, gt=0, le=1, help="topk: kept fraction of the gradient entries")
+    error_feedback: bool = spec(True, help="add back what compression dropped last step (per replica)")
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class SparseAvgConfig:
+    """AsyncMesh sparse averaging for `sync: sparse_avg` (sentinel/engine/sparse_avg.py)."""
+
+    every: int = spec(20, ge=1, help="average every H local steps")
+    fraction: float = spec(0.05, gt=0, le=1, help="fraction of each stage's parameters averaged per round (rotating)")
+    delay: int = spec(0, ge=0, help="steps between taking the average and applying it")
+    correction: Literal["delta", "ema", "none"] = spec("delta", help="how a delayed average is applied")
+    ema: float = spec(0.5, gt=0, le=1, help="correction ema: pull strength toward the average")
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
 class DPConfig:
-    sync: Literal["allreduce", "none"] = spec("allreduce", help="gradient sync inside a stage")
+    sync: Literal["allreduce", "sparse_avg", "none"] = spec("allreduce", help="gradient sync inside a stage")
     aggregator: AggregatorSpec = dataclasses.field(default_factory=lambda: build(AggregatorSpec, "mean"))
+    compression: DPCompressionConfig = dataclasses.field(default_factory=DPCompressionConfig)
+    sparse_avg: SparseAvgConfig = dataclasses.field(default_factory=SparseAvgConfig)
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -77,8 +100,44 @@ class CodecSpec(PluginSpec):
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
+class NetworkConfig:
+    """The simulated network and clock (sentinel/transport/network.py); never changes training numbers."""
+
+    enabled: bool = spec(True, help="run the simulated clock (fills transport.sim_time_s)")
+    preset: Literal["uniform", "heterogeneous", "geo_clustered"] = spec("uniform")
+    bandwidth_mbps: float = spec(200.0, gt=0, help="link bandwidth (heterogeneous: median; geo: between regions)")
+    latency_ms: float = spec(50.0, ge=0, help="one-way link latency (geo: between regions)")
+    jitter_ms: float = spec(0.0, ge=0, help="extra per-message latency |N(0, jitter)|")
+    reorder: bool = spec(False, help="links are not FIFO: a jittered message may overtake an earlier one")
+    spread: float = spec(0.5, ge=0, help="heterogeneous: log-normal sigma of per-worker bandwidth and latency")
+    regions: int = spec(3, ge=1, help="geo_clustered: number of regions")
+    intra_bandwidth_mbps: float = spec(1000.0, gt=0, help="geo_clustered: bandwidth inside a region")
+    intra_latency_ms: float = spec(5.0, ge=0, help="geo_clustered: latency inside a region")
+    compute: Literal["modelled", "measured"] = spec("modelled", help="action time from FLOPs, or measured wall time")
+    tflops: float = spec(100.0, gt=0, help="modelled: effective TFLOP/s of a worker")
+    stragglers: float = spec(0.0, ge=0, le=1, help="fraction of workers that compute slowly (seeded choice)")
+    straggler_slowdown: float = spec(3.0, ge=1, help="a straggler's compute time multiplier")
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class AsyncConfig:
+    """Bounded-staleness pipeline (sentinel/engine/asynchrony.py). YAML key: `transport.async`."""
+
+    max_staleness: int = spec(0, ge=0, le=64, help="0: synchronous; else a stage computes with weights this old")
+    staleness: Literal["per_stage", "fixed", "random"] = spec(
+        "per_stage", help="per_stage: min(max, S-1-s); fixed: max; random: uniform 0..max per step and worker")
+    lookahead: bool = spec(False, help="Nesterov-style look-ahead: extrapolate stale weights by the update EMA")
+    momentum_head: float = spec(0.99, ge=0, lt=1, help="look-ahead EMA decay at stage 0")
+    momentum_tail: float = spec(0.9, ge=0, lt=1, help="look-ahead EMA decay at the last stage")
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
 class TransportConfig:
     codec: CodecSpec = dataclasses.field(default_factory=lambda: build(CodecSpec, "identity"))
+    activation_codec: CodecSpec | None = spec(None, help="codec for activations (default: codec)")
+    gradient_codec: CodecSpec | None = spec(None, help="codec for activation-gradients (default: codec)")
+    network: NetworkConfig = dataclasses.field(default_factory=NetworkConfig)
+    async_: AsyncConfig = dataclasses.field(default_factory=AsyncConfig, metadata={"alias": "async"})
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -117,6 +176,13 @@ class ResponseConfig:
     on_flag: Literal["drop", "substitute", "accept"] = spec("drop")
     ban_after: int = spec(1, ge=1, help="strikes before a worker is banned")
     replace_banned: bool = spec(False, help="a banned worker is replaced by a fresh honest replica")
+    strike_window: int | None = spec(50, ge=1, help="count strikes over the last n steps only (null: ever)")
+    rejoin_after: int | None = spec(None, ge=1, help="a banned worker returns under a new id n steps later (Sybil)")
+    attribution: Literal["route", "sender"] = spec(
+        "route", help="a flag strikes every worker on the microbatch's route up to it, or only its sender")
+    ban_pvalue: float = spec(1e-5, gt=0, le=1, help="peer test: ban only if P(strikes this high | the stage's "
+                             "median peer rate) < ban_pvalue; 1 disables the test")
+    base_fpr: float = spec(0.01, gt=0, lt=1, help="the peer test's floor on the honest flag rate")
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -194,6 +260,66 @@ def _data_path(sc: Scenario) -> list[tuple[str, str]]:
     return []
 
 
+@cross_check
+def _transport(sc: Scenario) -> list[tuple[str, str]]:
+    """Codecs that change the forward must be mirrored backward; DP compression needs all-reduce."""
+    t, out = sc.transport, []
+    act, grad = t.activation_codec or t.codec, t.gradient_codec or t.codec
+    for name in ("random_mask", "subspace"):
+        if (act.name == name or grad.name == name) and act != grad:
+            key = "transport.activation_codec" if t.activation_codec is not None else "transport.gradient_codec"
+            out.append((key, f"{name} must encode both roles with the same settings (the backward applies the "
+                        f"forward's {'mask' if name == 'random_mask' else 'projection'}: chain rule); "
+                        "set transport.codec and leave activation_codec / gradient_codec unset"))
+    if sc.dp.compression.method != "none" and sc.dp.sync != "allreduce":
+        out.append(("dp.compression.method", f"{sc.dp.compression.method!r} compresses the all-reduce; "
+                    f"dp.sync is {sc.dp.sync!r}: set dp.sync=allreduce or dp.compression.method=none"))
+    return out
+
+
+@cross_check
+def _adversary(sc: Scenario) -> list[tuple[str, str]]:
+    """Who is malicious, honest majority, attack roles / workers / schedules (rules in attacks/validation.py)."""
+    from attacks.validation import check_adversary
+
+    return check_adversary(sc)
+
+
+@cross_check
+def _dp_aggregator_domain(sc: Scenario) -> list[tuple[str, str]]:
+    """A robust DP aggregator must tolerate the malicious replicas of a stage when they attack the DP sync."""
+    if not any(a.role == "dp_gradient" for a in sc.adversary.attacks):
+        return []
+    from attacks.assignment import assign_malicious
+    from sentinel.registry import AGGREGATORS
+
+    try:
+        malicious = assign_malicious(sc.adversary, sc.pipeline.stages, sc.pipeline.replicas, sc.seed)
+    except Exception:  # malformed adversary sections are reported by _adversary
+        return []
+    per_stage: dict[str, int] = {}
+    for wid in malicious:
+        stage = wid.split("r")[0]
+        per_stage[stage] = per_stage.get(stage, 0) + 1
+    f = max(per_stage.values(), default=0)
+    agg = sc.dp.aggregator
+    msg = AGGREGATORS.get(agg.name).check_domain(agg.config, sc.pipeline.replicas, f) if f else None
+    if msg:
+        return [("dp.aggregator.name", f"{msg}; the adversary holds {f} of {sc.pipeline.replicas} replicas of a "
+                 "stage and attacks the DP sync: choose another aggregator, raise pipeline.replicas or lower "
+                 "adversary.fraction")]
+    return []
+
+
+@cross_check
+def _detector_params(sc: Scenario) -> list[tuple[str, str]]:
+    """Rules a detector states about its own parameters (`check_config(config) -> [(key, message)]`)."""
+    from sentinel.registry import DETECTORS
+
+    check = getattr(DETECTORS.get(sc.detector.name), "check_config", None)
+    return [(f"detector.{key}", msg) for key, msg in check(sc.detector.config)] if check else []
+
+
 def validate(data: Any, overrides: list[str] | tuple[str, ...] = ()) -> Scenario:
     """Mapping (parsed YAML) + `KEY=VALUE` overrides -> Scenario, or ConfigError with every problem."""
     if data is None:
@@ -244,3 +370,34 @@ def load(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -> Scena
         return validate(data, overrides)
     except ConfigError as exc:
         raise ConfigError([f"{path}: {p}" for p in exc.problems]) from None
+
+
+def warnings_for(sc: Scenario) -> list[str]:
+    """Non-fatal notes about a valid scenario (printed by `sentinel validate` and `sentinel run`).
+
+    Lemma 1 (proofs/honest_majority.md): SENTINEL assumes an honest majority in every stage. This
+    testbed's `placement: random` places the same number of malicious replicas in each open stage, so
+    the assumption holds by construction; a real deployment that assigns workers to stages uniformly at
+    random does not get that guarantee. We report the probability it would be broken for the same
+    number of malicious workers, and warn when it is above 1%.
+    """
+    out = []
+    adv, p = sc.adversary, sc.pipeline
+    if adv.attacks and adv.placement == "random" and adv.fraction > 0:
+        from attacks.assignment import malicious_per_stage, open_stages
+        from proofs.honest_majority import prob_stage_compromised
+
+        stages = open_stages(p.stages, adv.protect)
+        f = malicious_per_stage(adv.fraction, p.replicas) * len(stages)
+        protect_ends = len(stages) == p.stages - 2 and p.stages > 2
+        try:
+            prob = prob_stage_compromised(p.stages, p.replicas, f, exact=p.stages * p.replicas <= 4096, protect_ends=protect_ends)
+        except ValueError:
+            return out
+        if prob > 0.01:
+            out.append(
+                f"adversary.fraction: {f} malicious workers assigned uniformly at random over the mesh (not per stage, "
+                f"as here) would break some stage's honest majority with probability {prob:.3f} (Lemma 1, "
+                "proofs/honest_majority.md); results here assume the per-stage placement"
+            )
+    return out

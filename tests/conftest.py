@@ -2,14 +2,15 @@
 
 from __future__ import annotations
 
-import os
 
 import pytest
 import torch
 
 from sentinel import scenario
 
-torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
+# One thread: tiny test models are faster single-threaded, and tests that spawn processes
+# (sweeps, torch.distributed) would otherwise oversubscribe the 2 cores.
+torch.set_num_threads(1)
 
 TINY = {
     "name": "tiny",

@@ -1,6 +1,15 @@
-"""Built-in detectors (registered in `sentinel.registry.DETECTORS`)."""
+"""Built-in detectors (registered in `sentinel.registry.DETECTORS`).
 
-from sentinel.detectors.base import Detector, Verdict
+    none            no verification (the undefended baseline)
+    sentinel        SENTINEL: EMA baselines, six distances, Tukey fences        (stagewise.py)
+    norm_zscore, cusum, page_hinkley   streaming change detectors on a scalar   (scalar.py)
+    duplication, spot_check, cross_replica   trusted recomputation             (recompute.py)
+
+`build_defence(scenario, engine)` returns the (verifier, responder) pair the runner installs on the
+transport (verifier.py, sentinel/response.py).
+"""
+
+from sentinel.detectors.base import Detector, DetectorEnv, Verdict
 from sentinel.registry import DETECTORS
 
 
@@ -12,7 +21,9 @@ class NoDetector(Detector):
         return Verdict({}, False)
 
 
-__all__ = ["Detector", "Verdict", "NoDetector"]
+from sentinel.detectors import recompute, scalar, stagewise  # noqa: E402,F401  (registers the built-ins)
+
+__all__ = ["Detector", "DetectorEnv", "Verdict", "NoDetector"]
 
 
 def build_defence(scenario, engine):

@@ -9,6 +9,9 @@ verdict is recorded but never acted on, so one run yields a whole ROC curve.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
+
+import torch
 
 from sentinel.transport.message import Message
 
@@ -19,6 +22,25 @@ class Verdict:
     flagged: bool
 
 
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class DetectorEnv:
+    """Public facts and trusted hooks a detector may use (never ground truth).
+
+    Attributes:
+        num_stages: pipeline depth S.
+        payload_shape: the shape every honest boundary tensor has, (B, T, C), when known.
+        recompute: trusted recomputation hook `recompute(msg, worker=None) -> Tensor | None`: what the
+            sender of `msg` (or another replica `worker` of its stage) computes from the very input the
+            sender received (see `SimEngine.recompute`). None where the backend offers none.
+        live_replicas: `live_replicas(stage_idx) -> list[str]`, the live worker ids of a stage.
+    """
+
+    num_stages: int = 1
+    payload_shape: tuple[int, ...] | None = None
+    recompute: Callable[..., torch.Tensor | None] | None = None
+    live_replicas: Callable[[int], list[str]] | None = None
+
+
 class Detector:
     """Base class: subclasses define a frozen `Config` and `observe`."""
 
@@ -26,12 +48,21 @@ class Detector:
     class Config:
         pass
 
-    def __init__(self, config: Config | None = None, *, seed: int = 0):
+    def __init__(self, config: Config | None = None, *, seed: int = 0, env: DetectorEnv | None = None):
         self.config = config if config is not None else self.Config()
         self.seed = seed
+        self.env = env if env is not None else DetectorEnv()
 
     def observe(self, msg: Message) -> Verdict:
         raise NotImplementedError
+
+    def scores(self, boundary: int, role, payload: torch.Tensor) -> dict[str, float]:
+        """The statistics `observe` would compute for this payload now, without updating any state."""
+        return {}
+
+    def substitute(self, msg: Message) -> torch.Tensor | None:
+        """A stand-in for a flagged message (the baseline), or None when the detector has none."""
+        return None
 
     def public_state(self) -> dict:
         """Read-only view a white-box adversary may inspect (thresholds, baselines)."""

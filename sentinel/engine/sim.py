@@ -16,6 +16,7 @@ microbatches that did reach each stage.
 from __future__ import annotations
 
 import copy
+import dataclasses
 import time
 from collections.abc import Callable
 
@@ -24,14 +25,17 @@ import torch
 
 from sentinel.data import Dataset
 from sentinel.engine.aggregators import Aggregator
+from sentinel.engine.dp_compress import build_dp_compressor
+from sentinel.engine.hooks import build_hooks
 from sentinel.engine.optim import lr_at, make_optimizer
 from sentinel.engine.schedule import Action, execute, make_schedule
 from sentinel.engine.workers import Router, WorkerTable
 from sentinel.eventlog import EventLog
 from sentinel.model import Stage, build_stages, loss_fn
-from sentinel.registry import AGGREGATORS, CODECS
+from sentinel.registry import AGGREGATORS
 from sentinel.scenario import Scenario
 from sentinel.transport import Interceptor, Message, Responder, Role, Transport, Verifier
+from sentinel.transport.codecs import build_codecs
 
 DROPPED = object()  # marks an inbox slot whose message the response policy dropped
 
@@ -66,6 +70,18 @@ class _StepState:
         self.grad_in: dict[tuple[int, int], object] = {}
         self.skipped: set[tuple[int, int]] = set()
         self.losses: list[float] = []
+        self.action_s: dict[Action, float] = {}  # measured wall seconds per action (network clock)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class _Provenance:
+    """What the sender of the message in flight computed it from (read by `SimEngine.recompute`)."""
+
+    msg: Message
+    rep: Replica
+    x: torch.Tensor  # the input the sender received (token ids on stage 0)
+    grad_in: torch.Tensor | None  # backward: the gradient the sender received (None on the last stage)
+    targets: torch.Tensor | None  # backward on the last stage: the true next-token targets
 
 
 class SimEngine:
@@ -97,22 +113,29 @@ class SimEngine:
         self.schedule = make_schedule(p.schedule, p.stages, p.microbatches)
         agg = scenario.dp.aggregator
         self.aggregator: Aggregator = AGGREGATORS.get(agg.name)(agg.config)
-        codec = scenario.transport.codec
-        codec_obj = CODECS.get(codec.name)(codec.config)
         self.transport = Transport(
-            self.log, {Role.ACTIVATION: codec_obj, Role.GRADIENT: codec_obj}, scenario.seed,
+            self.log, build_codecs(scenario.transport), scenario.seed,  # codec per role (transport.codec)
             adversary=adversary, verifier=verifier, responder=responder,
         )
         self.step = 0
+        self._sending: _Provenance | None = None
+        self.dp_compressor = build_dp_compressor(scenario)  # None unless dp.compression is set
+        self.hooks = build_hooks(scenario, self)  # codecs, sparse averaging, asynchrony, network clock
 
     # -- one step --------------------------------------------------------------------------------
     def train_step(self) -> float:
         """Run one optimizer step; returns the mean training loss over completed microbatches."""
         step = self.step
         st = _StepState(step, self.data.train_batch(step), self.router.route(step, self.num_microbatches))
+        for h in self.hooks:
+            h.before_pipeline(self, st)
         execute(self.schedule, lambda a: self._ready(st, a), lambda a: self._run(st, a))
         stepped = self._dp_sync(step)
+        for h in self.hooks:
+            h.before_update(self, st)
         self._update(step, stepped)
+        for h in self.hooks:
+            h.after_update(self, st)
         self.step += 1
         return float(np.mean(st.losses)) if st.losses else float("nan")
 
@@ -122,7 +145,9 @@ class SimEngine:
         return a.stage == self.num_stages - 1 or (a.stage, a.mb) in st.grad_in or (a.stage, a.mb) in st.skipped
 
     def _run(self, st: _StepState, a: Action) -> None:
+        t0 = time.perf_counter()
         (self._forward if a.kind == "F" else self._backward)(st, a.stage, a.mb)
+        st.action_s[a] = time.perf_counter() - t0
 
     def _forward(self, st: _StepState, s: int, mb: int) -> None:
         last = s == self.num_stages - 1
@@ -135,7 +160,11 @@ class SimEngine:
         x = st.batch[mb, :, :-1] if s == 0 else st.act_in.pop((s, mb)).detach().requires_grad_()  # B, T(, C)
         out = rep.module(x)
         if last:
-            loss = loss_fn(out, st.batch[mb, :, 1:])
+            targets = st.batch[mb, :, 1:]
+            corrupt = getattr(self.transport.adversary, "corrupt_targets", None)  # target_corruption (attacks/)
+            if corrupt is not None:
+                targets = corrupt(st.step, mb, rep.wid, targets)
+            loss = loss_fn(out, targets)
             rep.saved[mb] = (x, loss)
             st.losses.append(loss.item())
             self.log.log_loss(st.step, mb, st.losses[-1])
@@ -143,6 +172,7 @@ class SimEngine:
         rep.saved[mb] = (x, out)
         receiver = self.workers.ids[st.plan[mb, s + 1]]
         msg = Message(st.step, mb, s, Role.ACTIVATION, rep.wid, receiver, out)
+        self._sending = _Provenance(msg, rep, x.detach(), None, None)  # for the trusted recompute hook
         delivered = self.transport.send(msg)
         if delivered is None:
             st.act_in[(s + 1, mb)] = DROPPED
@@ -155,6 +185,7 @@ class SimEngine:
             return
         rep = self.replicas[st.plan[mb, s]]
         x, out = rep.saved.pop(mb)
+        g = None
         if s == self.num_stages - 1:
             out.backward()
         else:
@@ -169,6 +200,8 @@ class SimEngine:
             return
         sender_to = self.workers.ids[st.plan[mb, s - 1]]
         msg = Message(st.step, mb, s - 1, Role.GRADIENT, rep.wid, sender_to, x.grad)
+        targets = st.batch[mb, :, 1:] if g is None else None
+        self._sending = _Provenance(msg, rep, x.detach(), g, targets)  # for the trusted recompute hook
         delivered = self.transport.send(msg)
         st.grad_in[(s - 1, mb)] = DROPPED if delivered is None else delivered
 
@@ -181,7 +214,7 @@ class SimEngine:
             stepped.append(bool(contrib))
             if not contrib:
                 continue
-            if self.sc.dp.sync == "none":
+            if self.sc.dp.sync in ("none", "sparse_avg"):  # local steps (sparse_avg averages weights later)
                 for r in contrib:
                     for p in r.params:
                         if p.grad is not None:
@@ -190,6 +223,8 @@ class SimEngine:
             vecs = torch.stack(
                 [self.transport.dp_contribution(step, s, r.wid, r.flat_grad() / r.n_backward) for r in contrib]
             )
+            if self.dp_compressor is not None:  # compressed all-reduce, with per-replica error feedback
+                vecs = self.dp_compressor(step, s, [r.wid for r in contrib], vecs, [p.shape for p in contrib[0].params])
             weights = torch.tensor([r.n_backward for r in contrib], dtype=torch.float64)
             agg = self.aggregator(vecs, weights)
             for r in live:
@@ -200,13 +235,60 @@ class SimEngine:
         lr = lr_at(step, self.sc.training)
         for i in range(len(self.replicas)):
             r = self.replicas[i]
-            if self.workers.live[i] and stepped[r.stage_idx] and (self.sc.dp.sync != "none" or r.n_backward):
+            if self.workers.live[i] and stepped[r.stage_idx] and (self.sc.dp.sync == "allreduce" or r.n_backward):
                 for g in r.optimizer.param_groups:
                     g["lr"] = lr
                 r.optimizer.step()
             r.optimizer.zero_grad(set_to_none=True)
             r.n_backward = 0
             r.saved.clear()
+
+    # -- hooks for the defence (sentinel/detectors, sentinel/response.py) ---------------------------
+    def add_replica(self, stage_idx: int, rejoin_of: str | None = None) -> str:
+        """Add a replica to a stage (a replacement, or a rejoining worker) and return its new id.
+
+        It copies the weights and optimizer state of the stage's first live replica, so it is in sync
+        under synchronous DP; it is routed from the next step on. With `rejoin_of`, the adversary layer
+        (if it has a `rejoin(old, new)` method) decides whether it controls the newcomer (Sybil).
+        """
+        live = self.workers.live_in_stage(stage_idx)
+        src = self.replicas[live[0]] if live else self.replicas[self.workers.stage.index(stage_idx)]
+        idx = self.workers.add_replacement(stage_idx)
+        wid = self.workers.ids[idx]
+        rep = Replica(wid, stage_idx, copy.deepcopy(src.module), self.sc)
+        rep.optimizer.load_state_dict(copy.deepcopy(src.optimizer.state_dict()))
+        self.replicas.append(rep)
+        assert len(self.replicas) == len(self.workers.ids)
+        self.log.worker_index(wid)
+        rejoin = getattr(self.transport.adversary, "rejoin", None)
+        if rejoin_of is not None and rejoin is not None:
+            rejoin(rejoin_of, wid)
+        return wid
+
+    def recompute(self, msg: Message, worker: str | None = None) -> torch.Tensor | None:
+        """Trusted recomputation hook (duplication-style detectors): the honest value of `msg`.
+
+        Recomputes the message in flight from the very input its sender received, with the sender's
+        stage module (or with replica `worker` of the same stage: cross-replica checks). Forward: one
+        stage forward. Backward: one stage forward + backward from the gradient the sender received
+        (on the last stage, from the loss on the true targets). Weights are honest in this testbed
+        (attacks corrupt messages, not parameters), so this is what a trusted party would compute.
+        Returns None for any message other than the one in flight. Costs one extra stage computation.
+        """
+        prov = self._sending
+        key = (msg.step, msg.mb_idx, msg.boundary, msg.role)
+        if prov is None or (prov.msg.step, prov.msg.mb_idx, prov.msg.boundary, prov.msg.role) != key:
+            return None
+        rep = prov.rep if worker is None else self.replicas[self.workers.index(worker)]
+        if msg.role == Role.ACTIVATION:
+            with torch.no_grad():
+                return rep.module(prov.x)
+        with torch.enable_grad():
+            x = prov.x.detach().requires_grad_()
+            out = rep.module(x)
+            if prov.targets is not None:
+                out = loss_fn(out, prov.targets)
+            return torch.autograd.grad(out, x, grad_outputs=prov.grad_in)[0]
 
     # -- evaluation -------------------------------------------------------------------------------
     def reference_modules(self) -> list[Stage]:

@@ -76,6 +76,7 @@ def rebuild(out_dir: Path) -> dict:
         impact=impact,
         sim_time_s=old.get("transport", {}).get("sim_time_s"),
     )
+    summary["transport"].update(meta.get("transport", {}))  # the simulated clock's figures (runner.run)
     return finish(out_dir, log, summary)
 
 
@@ -95,6 +96,9 @@ def report_md(summary: dict, figures: list[str] = ()) -> str:
         + (f" (optimum {_f(t['optimum_loss'])}, excess {_f(t['excess_loss'])})" if t.get("optimum_loss") else ""),
         f"- bytes on the wire: {summary['transport']['bytes_sent']:,}; wall time {summary['cost']['wall_s']:.1f} s "
         f"(detector {summary['cost']['detector_s']:.2f} s)",
+        *([f"- simulated clock ({summary['transport'].get('network_preset')} network): "
+           f"{summary['transport']['sim_time_s']:.1f} s, {_f(summary['transport'].get('sim_tokens_per_s'), ',.0f')} "
+           "tokens/s"] if summary["transport"].get("sim_time_s") else []),
         "",
         "## Detection",
         "",

@@ -82,6 +82,8 @@ class Transport:
             wire = self.adversary.post_codec(msg, wire, ctx)
         msg.wire_bytes = wire.nbytes()
         msg.payload = codec.decode(wire, ctx)
+        msg.meta["wire"] = wire  # the compressed representation, for `detector.view: wire`
+        msg.meta["wire_view"] = codec.wire_view(wire, ctx)
         self.bytes_sent += msg.wire_bytes
         self.log.log_message(msg)
         if self.verifier is None:

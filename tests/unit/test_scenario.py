@@ -168,3 +168,12 @@ def test_random_mutations_never_raise_anything_but_config_error(data):
         assert exc.problems and all(":" in p for p in exc.problems)
     else:
         assert sc.training.steps >= 1 and math.isfinite(sc.training.lr)
+
+
+def test_lemma1_warning_for_random_placement():
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2] / "scenarios"
+    notes = scenario.warnings_for(scenario.load(root / "paper" / "scaling_gradient.yaml"))
+    assert len(notes) == 1 and "Lemma 1" in notes[0] and "probability 0.400" in notes[0]
+    assert scenario.warnings_for(scenario.load(root / "quickstart.yaml")) == []

@@ -1,0 +1,203 @@
+"""Detector state machines: a bias-corrected EMA baseline and sliding-window Tukey fences.
+
+Both learn only from messages the detector accepted: a flagged message never moves them.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from sentinel.detectors.distances import Layout
+
+
+class BaselineView:
+    """Bias-corrected baseline, with what the distances need precomputed once per update."""
+
+    def __init__(self, mean: np.ndarray, var: np.ndarray | None, layout: Layout):
+        self.layout = layout
+        self.pooled = mean[layout.pooled]
+        self.pooled_sign = np.sign(self.pooled)
+        self.skew = mean[layout.skew]
+        self.skew_norm = float(np.sqrt(self.skew @ self.skew))
+        self.quant = mean[layout.quant]
+        self.inv_rms = 1.0 / np.sqrt(max(mean[layout.sq_norm], 1e-30))
+        if var is None:  # a single update so far: no spread known yet
+            var = np.ones_like(self.pooled)
+        self.var = var
+        self.inv_var = 1.0 / (var + max(var.mean(), 1e-30) * 1e-6)  # the floor guards coordinates that never moved
+
+
+class Baseline:
+    """EMA of a stream's signatures, bias-corrected as in Adam: m_hat = m_t / (1 - beta^t).
+
+    m_t = beta * m_{t-1} + (1 - beta) * s_t, m_0 = 0, one update per accepted message. `var` is the EMA
+    (decay `beta_var`, a longer memory) of the squared innovation (p_t - m_hat_{t-1})^2 of the pooled
+    vector: the spread an honest message shows around the baseline, per coordinate. `full` (optional)
+    keeps the EMA of the whole payload so a flagged gradient can be replaced by it.
+    """
+
+    def __init__(self, beta: float, beta_var: float, keep_full: bool = False):
+        self.beta, self.beta_var, self.keep_full = beta, beta_var, keep_full
+        self.n = 0
+        self.n_var = 0
+        self.layout: Layout | None = None
+        self._m: np.ndarray | None = None
+        self._var: np.ndarray | None = None
+        self._full: torch.Tensor | None = None
+        self._view: BaselineView | None = None
+
+    def comparable(self, sig: np.ndarray) -> bool:
+        return self.n > 0 and self._m is not None and self._m.shape == sig.shape
+
+    def update(self, sig: np.ndarray, layout: Layout, payload: torch.Tensor | None = None) -> None:
+        b = self.beta
+        if self._m is None or self._m.shape != sig.shape:
+            self._m, self.n, self.layout, self._var, self.n_var = np.zeros_like(sig), 0, layout, None, 0
+        if self.n > 0:
+            innov = sig[layout.pooled] - self.view().pooled
+            innov *= innov
+            if self._var is None:
+                self._var = (1 - self.beta_var) * innov
+            else:
+                self._var *= self.beta_var
+                self._var += (1 - self.beta_var) * innov
+            self.n_var += 1
+        self._m *= b
+        self._m += (1 - b) * sig
+        if self.keep_full and payload is not None:
+            p = payload.detach()
+            if self._full is None or self._full.shape != p.shape:
+                self._full = torch.zeros_like(p, dtype=torch.float32)
+            self._full.mul_(b).add_(p, alpha=1 - b)
+        self.n += 1
+        self._view = None
+
+    def view(self) -> BaselineView:
+        if self._view is None:
+            var = None if self._var is None else self._var / (1.0 - self.beta_var**self.n_var)
+            self._view = BaselineView(self._m / (1.0 - self.beta**self.n), var, self.layout)
+        return self._view
+
+    def full(self) -> torch.Tensor | None:
+        """Bias-corrected EMA of the whole payload (None until one was seen)."""
+        if self._full is None or self.n == 0:
+            return None
+        return self._full / (1.0 - self.beta**self.n)
+
+    def summary(self) -> dict:
+        if self.n == 0:
+            return {"updates": 0}
+        v = self.view()
+        return {"updates": self.n, "pooled_norm": float(np.sqrt(v.pooled @ v.pooled)), "rms": float(1.0 / v.inv_rms)}
+
+
+class SenderMedianBaseline:
+    """Honest-majority baseline: one EMA per sender, combined by the coordinate-wise median.
+
+    Each sender of the stream keeps its own bias-corrected EMA (and innovation variance); the stream's
+    baseline is the coordinate-wise median over the senders active in the last `horizon` steps. A
+    minority of senders cannot move a median: a malicious replica whose tampered messages stay under
+    the fence (so are learned into its own EMA) does not drag the baseline the others are judged
+    against (with a single pooled EMA, replayed stale activations anchor it in the past and fresh honest
+    traffic starts to look anomalous). With one sender it is exactly the pooled EMA.
+    """
+
+    def __init__(self, beta: float, beta_var: float, keep_full: bool = False, horizon: int = 20):
+        self.beta, self.beta_var, self.horizon = beta, beta_var, horizon
+        self.senders: dict[str, Baseline] = {}
+        self.last: dict[str, int] = {}
+        self.pooled = Baseline(beta, beta_var, keep_full)  # only for `full` (the substitute) and summaries
+        self.layout: Layout | None = None
+        self._view: BaselineView | None = None
+
+    @property
+    def n(self) -> int:
+        return self.pooled.n
+
+    def comparable(self, sig: np.ndarray) -> bool:
+        return self.pooled.comparable(sig)
+
+    def update(self, sig: np.ndarray, layout: Layout, payload: torch.Tensor | None = None,
+               sender: str = "", step: int = 0) -> None:
+        if not self.pooled.comparable(sig):  # first message, or a new shape: start afresh
+            self.senders, self.last = {}, {}
+        self.pooled.update(sig, layout, payload)
+        self.senders.setdefault(sender, Baseline(self.beta, self.beta_var)).update(sig, layout)
+        self.last[sender] = step
+        self.layout, self._view = layout, None
+
+    def view(self) -> BaselineView:
+        if self._view is None:
+            now = max(self.last.values())
+            active = [b for w, b in self.senders.items() if now - self.last[w] < self.horizon]
+            if len(active) == 1:
+                self._view = active[0].view()
+            else:
+                views = [b.view() for b in active]
+                mean = np.median(np.stack([b._m / (1.0 - b.beta**b.n) for b in active]), axis=0)
+                variances = [v.var for v, b in zip(views, active) if b._var is not None]
+                var = np.median(np.stack(variances), axis=0) if variances else None
+                self._view = BaselineView(mean, var, self.layout)
+        return self._view
+
+    def full(self) -> torch.Tensor | None:
+        return self.pooled.full()
+
+    def summary(self) -> dict:
+        return {**self.pooled.summary(), "senders": len(self.senders)}
+
+
+class Fences:
+    """Tukey fences over a sliding window of the last `window` accepted values of D statistics.
+
+    threshold_i = Q3_i + k * IQR_i. `exceedance(values)` returns e_i = (x_i - Q3_i) / IQR_i, so that
+    x_i > threshold_i <=> e_i > k; IQR is floored at 1% of |Q3| so a window of identical values does
+    not make every later change infinitely surprising. With `log`, fences are computed on log values
+    (multiplicative fences, threshold = Q3 * (Q3 / Q1)^k, floored at a 1% spread): scale-free, and
+    suited to positive, right-skewed distances.
+    """
+
+    def __init__(self, names: tuple[str, ...], window: int, k: float, log: bool = False):
+        self.names, self.window, self.k, self.log = names, window, k, log
+        self._buf = np.zeros((window, len(names)))
+        self.count = 0
+        self._pos = 0
+        self._q: tuple[np.ndarray, np.ndarray] | None = None
+
+    def _t(self, values: np.ndarray) -> np.ndarray:
+        return np.log(np.maximum(values, 1e-30)) if self.log else values
+
+    def push(self, values: np.ndarray) -> None:
+        self._buf[self._pos] = self._t(values)
+        self._pos = (self._pos + 1) % self.window
+        self.count = min(self.count + 1, self.window)
+        self._q = None
+
+    def quartiles(self) -> tuple[np.ndarray, np.ndarray]:
+        """(Q3, IQR) per statistic over the window."""
+        if self._q is None:
+            s = np.sort(self._buf[: self.count], axis=0)
+            q1, q3 = _quantile(s, 0.25), _quantile(s, 0.75)
+            iqr = np.maximum(q3 - q1, 0.01 if self.log else 0.01 * np.abs(q3) + 1e-30)
+            self._q = (q3, iqr)
+        return self._q
+
+    def exceedance(self, values: np.ndarray) -> np.ndarray:
+        q3, iqr = self.quartiles()
+        return (self._t(values) - q3) / iqr
+
+    def thresholds(self) -> dict[str, float]:
+        if self.count == 0:
+            return {}
+        q3, iqr = self.quartiles()
+        t = q3 + self.k * iqr
+        return {n: float(v) for n, v in zip(self.names, np.exp(t) if self.log else t)}
+
+
+def _quantile(sorted_rows: np.ndarray, q: float) -> np.ndarray:
+    """Linear-interpolation quantile (numpy's default) of each column of an already sorted array."""
+    pos = q * (len(sorted_rows) - 1)
+    lo = int(pos)
+    hi = min(lo + 1, len(sorted_rows) - 1)
+    return sorted_rows[lo] + (pos - lo) * (sorted_rows[hi] - sorted_rows[lo])

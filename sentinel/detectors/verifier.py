@@ -1,0 +1,142 @@
+"""The trusted relay: one Verifier sees every boundary message and asks the detector for a verdict.
+
+Placement: a single Verifier object stands at every stage boundary (as the routers relaying
+inter-stage traffic would); the detector keeps per-(boundary, role) state. The Verifier adds what does
+not depend on the detector:
+
+- integrity: a payload with NaN / Inf, a non-float dtype or the wrong shape is flagged at once and
+  never reaches the detector (so never its baseline); its verdict carries `score_integrity = 1`;
+- replay: the relay remembers a fingerprint of every tensor it relayed recently (replay.py); a
+  tensor it has already relayed is flagged at once (`score_replay = 1`);
+
+A detector that computes a full pass over the payload anyway may declare `checks_payload = True` and
+do the finiteness and replay checks itself from that pass (SENTINEL does, from its signature), with
+the same verdicts; the Verifier then only checks dtype and shape.
+- cascade suppression: once a microbatch is flagged, every later message of that microbatch in the
+  same step is causally downstream of the flagged tensor (forward activations after it, and every
+  gradient, all computed from it), so its checks are paused: the detector neither judges nor learns
+  from it, and honest downstream workers are not blamed. Its verdict is unflagged with
+  `score_paused = 1` (the scorer can report these as contaminated-downstream traffic);
+- the read-only views a white-box adversary may use: `public_state()` and a pure `scores()`.
+
+It reads nothing but the Message: never the EventLog's ground truth.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from sentinel.detectors.base import Detector, DetectorEnv, Verdict
+from sentinel.detectors.replay import Fingerprint, ReplayMemory
+from sentinel.registry import DETECTORS
+from sentinel.transport.message import Message
+
+PAUSED = Verdict({"paused": 1.0}, False)
+CORRUPT = Verdict({"integrity": 1.0}, True)
+REPLAYED = Verdict({"replay": 1.0}, True)
+
+
+class Verifier:
+    """Integrity checks and cascade suppression around one detector."""
+
+    def __init__(self, detector: Detector, *, mode: str = "closed_loop", payload_shape: tuple[int, ...] | None = None,
+                 seed: int = 0):
+        self.detector, self.mode, self.payload_shape = detector, mode, payload_shape
+        self.replays = ReplayMemory()
+        self._fingerprint = Fingerprint(seed)
+        self._own_checks = getattr(detector, "checks_payload", False)  # the detector checks NaN / replays itself
+        self._step = -1
+        self._flagged_mbs: set[int] = set()
+        self.flagged_mbs_total = 0
+
+    def integrity_ok(self, payload: torch.Tensor, shape_only: bool = False) -> bool:
+        """Floating point, the honest shape, every value finite (unless the detector checks that itself)."""
+        if not torch.is_floating_point(payload):
+            return False
+        if self.payload_shape is not None and tuple(payload.shape) != tuple(self.payload_shape):
+            return False
+        if shape_only:
+            return True
+        # one reduction, no temporary: any NaN or +-Inf makes the sum non-finite (a float32 sum overflows only
+        # for values no honest tensor has, which are worth flagging anyway)
+        total = payload.sum() if payload.dtype == torch.float32 else payload.sum(dtype=torch.float32)
+        return bool(torch.isfinite(total))
+
+    def observe(self, msg: Message) -> Verdict:
+        if msg.step != self._step:  # a new step: microbatch ids start afresh
+            self._step, self._flagged_mbs = msg.step, set()
+        if msg.mb_idx in self._flagged_mbs:
+            return PAUSED
+        if not self.integrity_ok(msg.payload, shape_only=self._own_checks):
+            verdict = CORRUPT
+        elif not self._own_checks and self.replays.seen_before(self._fingerprint(msg.payload), msg.step):
+            verdict = REPLAYED
+        else:
+            verdict = self.detector.observe(msg)
+        if verdict.flagged:
+            self._flagged_mbs.add(msg.mb_idx)
+            self.flagged_mbs_total += 1
+        return verdict
+
+    # read-only views (a white-box adversary may use these; they never reveal a future verdict)
+    def public_state(self) -> dict:
+        return self.detector.public_state()
+
+    def scores(self, boundary: int, role, payload: torch.Tensor) -> dict[str, float]:
+        return self.detector.scores(boundary, role, payload)
+
+    def substitute(self, msg: Message) -> torch.Tensor | None:
+        return self.detector.substitute(msg)
+
+    def detector_view(self) -> DetectorView:
+        """The read-only view the runner hands to a white-box adversary (attacks/detector_view.py)."""
+        return DetectorView(self.detector)
+
+
+class DetectorView:
+    """Read-only window on a detector: current thresholds, pure scores, public state; never a verdict.
+
+    `thresholds(b, role)` maps each statistic to the value it must not exceed: for SENTINEL the Tukey
+    fence of every distance and `exceedance: k` (the combined rule; with `combine: any` the per-distance
+    fences say the same). Empty while the stream is still learning.
+    """
+
+    def __init__(self, detector: Detector):
+        self._detector = detector
+
+    def thresholds(self, boundary: int, role) -> dict[str, float]:
+        fn = getattr(self._detector, "thresholds", None)
+        return fn(boundary, role) if fn is not None else {}
+
+    def scores(self, boundary: int, role, payload: torch.Tensor) -> dict[str, float]:
+        return self._detector.scores(boundary, role, payload)
+
+    def public_state(self) -> dict:
+        return self._detector.public_state()
+
+
+def payload_shape(scenario) -> tuple[int, int, int]:
+    """The shape of every honest boundary tensor: (batch_size, seq_len, dim)."""
+    return (scenario.data.batch_size, scenario.model.seq_len, scenario.model.dim)
+
+
+def make_env(scenario, engine) -> DetectorEnv:
+    recompute = getattr(engine, "recompute", None)
+    workers = getattr(engine, "workers", None)
+    live = None
+    if workers is not None:
+        def live(stage_idx: int) -> list[str]:
+            return [workers.ids[i] for i in workers.live_in_stage(stage_idx)]
+    return DetectorEnv(num_stages=scenario.pipeline.stages, payload_shape=payload_shape(scenario),
+                       recompute=recompute, live_replicas=live)
+
+
+def build(scenario, engine):
+    """(Verifier, Responder) for the scenario's `detector` and `response` sections."""
+    from sentinel.response import Responder
+
+    spec = scenario.detector
+    cls = DETECTORS.get(spec.name)
+    detector = cls(spec.config, seed=scenario.seed, env=make_env(scenario, engine))
+    verifier = Verifier(detector, mode=spec.mode, payload_shape=payload_shape(scenario), seed=scenario.seed)
+    return verifier, Responder(scenario.response, engine, verifier, mode=spec.mode)

@@ -1,0 +1,264 @@
+"""Response policies: what the mesh does with a verdict (the `response` section of a scenario).
+
+    on_flag: drop        the flagged microbatch is dropped from this step (deliver None)
+             substitute  the detector's stand-in is delivered: for SENTINEL, a flagged *gradient* is
+                         replaced by its baseline (the EMA of accepted gradients of that stream, as in
+                         the paper); an activation has no meaningful statistical stand-in (the
+                         receiver would train on a fabricated input), so a flagged activation falls
+                         back to drop, as does anything the detector has no stand-in for yet.
+                         Duplication-style detectors substitute their trusted recomputation (exact)
+             accept      deliver anyway (strikes and bans still apply)
+
+Strikes and bans: evidence is weighed against the sender's peers, the other live replicas of its
+stage (the **peer test**). For a kind of strike counted over the last `strike_window` steps, with k_w
+strikes out of n_w chances for worker w and k_p, n_p the same summed over its peers, the p-value is
+P(X >= k_w) for X ~ Hypergeometric(n_w + n_p, k_w + k_p, n_w): the two-sample conditional test of "w is
+struck at its peers' rate". Under an honest majority per stage the peers are mostly honest, and with
+random routing (SWARM) the contamination an attacker spreads downstream hits every replica of the
+stage it reaches alike, so it singles out no honest one. A ban needs p < `ban_pvalue` (and at least
+`ban_after` strikes). Kinds of evidence:
+
+    hard     flagged messages, per stream (boundary, direction); chances: messages sent in the stream
+    soft     flagged or `outlier` messages (between the detector's inner and outer fences), per stream:
+             weak one by one, but a sender that keeps producing them more often than its peers is
+             singled out (the signature of a subtle, persistent attack)
+    certain  payloads no honest worker sends (NaN / Inf / wrong shape / an exact replay of a relayed
+             tensor); chances: microbatches; tested against Binomial(n_w, max(1e-6, peers' rate))
+    route    (`attribution: route`, default) a flag the peer test does not explain (the sender is not
+             struck more than its peers, p >= 0.05) is a strike against every other worker on the
+             microbatch's route so far, i.e. every worker whose output the flagged tensor depends on:
+             for attacks invisible where they are made but visible downstream (a stale activation
+             shows up in the gradient the next stage returns). Chances: microbatches taken part in.
+             `attribution: sender` is the paper's rule.
+
+    scores   (once per step, per stream) the detector's continuous statistic (`exceedance`) of the
+             sender's recent messages against its peers': one-sided Mann-Whitney U. An attack that
+             shifts every message a little but crosses no fence (invisible noise, random signs on a
+             deep boundary) shows here long before it shows in counts.
+
+A stage with a single live replica has no peers: only its hard and certain strikes count, tested
+against Binomial(n_w, base_fpr) (resp. 1e-6). `ban_pvalue: 1` turns the peer test off: plain
+"ban_after hard strikes within the window".
+
+    replace_banned       a banned worker is replaced by a fresh honest replica of its stage (BTARD-style;
+                         it copies the stage's weights and optimizer state), otherwise its slot stays
+                         empty and routing avoids it. A ban that would leave a stage without any live
+                         replica is not carried out (the run could not continue)
+    rejoin_after: n      n steps after a ban its operator rejoins under a new worker id (Sybil): the
+                         engine adds a replica and the adversary layer decides whether it controls it
+
+Messages a banned worker still sends in the step of its ban are dropped. In `open_loop` mode the
+responder never acts: every payload is delivered and nobody is banned (verdicts are still logged).
+It sees verdicts and public routing facts only, never ground truth.
+"""
+
+from __future__ import annotations
+
+import collections
+
+import numpy as np
+import torch
+from scipy.stats import binom, hypergeom, norm, rankdata
+
+from sentinel.transport.message import Message
+
+EXPLAINED = 0.05  # a flag whose sender the peer test singles out at this level is explained by it
+CERTAIN_FLOOR = 1e-6  # honest workers (practically) never send NaN, a wrong shape, or an exact replay
+MIN_SCORES = 8  # statistics a sender needs in a stream before its distribution is compared with its peers'
+
+
+class Attribution:
+    """Counts over the last `window` steps: per (kind, key), the steps at which something happened.
+
+    Keys are a worker id or (worker, stream); `forget(worker)` drops every key of a worker.
+    """
+
+    def __init__(self, window: int | None):
+        self.window = window
+        self._q: dict[tuple, collections.deque[int]] = {}
+
+    def add(self, kind: str, key, step: int) -> None:
+        self._q.setdefault((kind, key), collections.deque()).append(step)
+
+    def count(self, kind: str, key, step: int) -> int:
+        q = self._q.get((kind, key))
+        if q is None:
+            return 0
+        if self.window is not None:
+            while q and q[0] <= step - self.window:
+                q.popleft()
+        return len(q)
+
+    def forget(self, worker: str) -> None:
+        for kind, key in list(self._q):
+            if key == worker or (isinstance(key, tuple) and key[0] == worker):
+                del self._q[(kind, key)]
+
+
+def mann_whitney_greater(x: np.ndarray, y: np.ndarray) -> float:
+    """One-sided p-value of "x tends to be larger than y" (Mann-Whitney U, normal approximation, ties corrected)."""
+    n1, n2 = len(x), len(y)
+    z = np.nan_to_num(np.concatenate((x, y)), nan=np.inf)
+    ranks = rankdata(z)
+    u = ranks[:n1].sum() - n1 * (n1 + 1) / 2
+    n = n1 + n2
+    _, counts = np.unique(z, return_counts=True)
+    var = n1 * n2 / 12.0 * ((n + 1) - (counts**3 - counts).sum() / (n * (n - 1)))
+    if var <= 0:
+        return 1.0
+    return float(norm.sf((u - n1 * n2 / 2.0 - 0.5) / np.sqrt(var)))
+
+
+def peer_pvalue(k: int, n: int, k_peers: int, n_peers: int, base_fpr: float) -> float:
+    """P(a worker with n chances gets >= k strikes | it is struck like its peers): see the module docstring."""
+    n = max(n, k)
+    if n_peers <= 0:
+        return float(binom.sf(k - 1, n, base_fpr))
+    return float(hypergeom.sf(k - 1, n + n_peers, k + k_peers, n))
+
+
+class Responder:
+    """Turns verdicts into deliveries, strikes, bans and replacements."""
+
+    def __init__(self, config, engine, verifier=None, *, mode: str = "closed_loop"):
+        self.config, self.engine, self.verifier, self.mode = config, engine, verifier, mode
+        self.attr = Attribution(config.strike_window)
+        self.banned: dict[str, int] = {}  # worker -> step of its ban
+        self._rejoins: list[tuple[int, int, str]] = []  # (due step, stage, banned worker)
+        self._routes: dict[int, list[str]] = {}  # mb -> senders so far, this step
+        self._stats: dict[tuple, dict[str, collections.deque]] = {}  # stream -> sender -> (step, statistic)
+        self._step = -1
+
+    def deliver(self, msg: Message, verdict) -> torch.Tensor | None:
+        if self.mode == "open_loop":
+            return msg.payload
+        self._new_step(msg.step)
+        if msg.sender in self.banned:
+            return None
+        if "paused" not in verdict.scores:  # downstream of a flag: neither evidence for nor against anyone
+            self._record(msg, verdict)
+        if not verdict.flagged:
+            return msg.payload
+        if self.config.on_flag == "accept":
+            return msg.payload
+        if self.config.on_flag == "substitute" and self.verifier is not None:
+            return self.verifier.substitute(msg)  # None (= drop) where the detector has no stand-in
+        return None
+
+    # -- bookkeeping -----------------------------------------------------------------------------
+    def _new_step(self, step: int) -> None:
+        if step != self._step:
+            if self._step >= 0 and self.config.ban_pvalue < 1.0:
+                self._score_tests(step)
+            self._step, self._routes = step, {}
+            self._rejoin_due(step)
+
+    def _record(self, msg: Message, verdict) -> None:
+        w, step, stream = msg.sender, msg.step, (msg.boundary, int(msg.role))
+        route = self._routes.setdefault(msg.mb_idx, [])
+        if w not in route:
+            route.append(w)
+            self.attr.add("mbs", w, step)
+        self.attr.add("msgs", (w, stream), step)
+        certain = "integrity" in verdict.scores or "replay" in verdict.scores
+        if verdict.flagged and certain:
+            self.attr.add("certain", w, step)
+            self._judge(w, step, *self._test("certain", "mbs", w, None, step, floor=CERTAIN_FLOOR))
+        elif verdict.flagged:
+            self.attr.add("hard", (w, stream), step)
+            k, p = self._test("hard", "msgs", w, stream, step)
+            if self.config.attribution == "route" and p >= EXPLAINED and self._peers(w):
+                self._route_strike(msg, route, step)
+            self._judge(w, step, k, p)
+        if verdict.flagged or verdict.scores.get("outlier"):
+            self._soft_strike(w, stream, step)
+        e = verdict.scores.get("exceedance")
+        if e is not None:
+            self._stats.setdefault(stream, {}).setdefault(w, collections.deque()).append((step, e))
+
+    def _peers(self, worker: str) -> list[str]:
+        workers = self.engine.workers
+        stage = workers.stage[workers.index(worker)]
+        return [workers.ids[i] for i in workers.live_in_stage(stage) if workers.ids[i] != worker]
+
+    def _test(self, kind: str, denom: str, worker: str, stream, step: int, floor: float | None = None):
+        """(strikes, peer-test p-value) of `worker` for strikes of `kind` per `denom` chances."""
+        a = self.attr
+
+        def key(w):
+            return w if stream is None else (w, stream)
+
+        peers = self._peers(worker)
+        k, n = a.count(kind, key(worker), step), a.count(denom, key(worker), step)
+        k_p, n_p = sum(a.count(kind, key(p), step) for p in peers), sum(a.count(denom, key(p), step) for p in peers)
+        if floor is not None:  # certain evidence: binomial against the peers' rate, floored
+            r0 = max(floor, k_p / n_p if n_p else 0.0)
+            return k, float(binom.sf(k - 1, max(n, k), min(r0, 1.0)))
+        return k, peer_pvalue(k, n, k_p, n_p, self.config.base_fpr)
+
+    def _route_strike(self, msg: Message, route: list[str], step: int) -> None:
+        """An unexplained flag: strike every other worker whose output the flagged tensor depends on."""
+        for w in route:
+            if w != msg.sender and w not in self.banned:
+                self.attr.add("route", w, step)
+                self._judge(w, step, *self._test("route", "mbs", w, None, step))
+
+    def _soft_strike(self, worker: str, stream, step: int) -> None:
+        """Outliers below the flag threshold: weak evidence, but a sender that keeps producing them
+        more often than its peers is singled out by the same test (the subtle attack's signature)."""
+        if not self._peers(worker) or self.config.ban_pvalue >= 1.0:
+            return
+        self.attr.add("soft", (worker, stream), step)
+        k, p = self._test("soft", "msgs", worker, stream, step)
+        self._judge(worker, step, k, p, soft=True)
+
+    def _score_tests(self, step: int) -> None:
+        """Once per step: is a sender's detector statistic stochastically larger than its peers'?
+
+        One-sided Mann-Whitney U test, per stream, of the sender's recent statistics (the detector's
+        `exceedance`) against those of the other live replicas of its stage. Far more powerful than
+        counting flags for an attack that shifts every message a little and crosses no fence.
+        """
+        for senders in self._stats.values():
+            recent = {}
+            for w, q in senders.items():
+                while q and self.config.strike_window is not None and q[0][0] <= step - self.config.strike_window:
+                    q.popleft()
+                if len(q) >= MIN_SCORES and w not in self.banned:
+                    recent[w] = np.fromiter((e for _, e in q), float, len(q))
+            for w, mine in recent.items():
+                peers = [recent[p] for p in self._peers(w) if p in recent]
+                if not peers:
+                    continue
+                if mann_whitney_greater(mine, np.concatenate(peers)) < self.config.ban_pvalue:
+                    self.ban(w, step)
+
+    def _judge(self, worker: str, step: int, strikes: int, pvalue: float, soft: bool = False) -> None:
+        if worker in self.banned:
+            return
+        plain = self.config.ban_pvalue >= 1.0
+        if (soft or strikes >= self.config.ban_after) and (plain or pvalue < self.config.ban_pvalue):
+            self.ban(worker, step)
+
+    def ban(self, worker: str, step: int) -> bool:
+        """Ban `worker` (and replace it when configured); False when the ban was not carried out."""
+        workers = self.engine.workers
+        idx = workers.index(worker)
+        if not workers.live[idx]:
+            return False
+        stage = workers.stage[idx]
+        if not self.config.replace_banned and len(workers.live_in_stage(stage)) <= 1:
+            return False  # the stage's last replica: banning it would stop training
+        workers.ban(worker)
+        replaced_by = self.engine.add_replica(stage) if self.config.replace_banned else None
+        self.engine.log.log_ban(step, worker, replaced_by)
+        self.banned[worker] = step
+        self.attr.forget(worker)
+        if self.config.rejoin_after is not None:
+            self._rejoins.append((step + self.config.rejoin_after, stage, worker))
+        return True
+
+    def _rejoin_due(self, step: int) -> None:
+        while self._rejoins and self._rejoins[0][0] <= step:
+            _, stage, old = self._rejoins.pop(0)
+            self.engine.add_replica(stage, rejoin_of=old)

@@ -1,0 +1,137 @@
+"""Signatures, distances, baselines and fences: hand-checkable values."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from scipy.stats import wasserstein_distance
+
+from sentinel.detectors.baseline import Baseline, Fences
+from sentinel.detectors.distances import DISTANCES, Projections, distances, layout, signature
+
+
+def _payload(seed: int, shape=(4, 8, 16), skew: bool = True) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(shape, generator=g) + torch.linspace(-1, 1, shape[-1])
+    return x + (torch.rand(shape, generator=g).pow(4) * 3 if skew else 0)  # right-skewed per feature
+
+
+def _baseline_of(x: torch.Tensor, proj: Projections, pooling: str = "token_mean") -> Baseline:
+    b = Baseline(beta=0.9, beta_var=0.99)
+    b.update(signature(x, proj, pooling), layout(tuple(x.shape), proj, pooling))
+    return b
+
+
+@pytest.fixture
+def proj():
+    return Projections(16, num_projections=8, num_quantiles=16, seed=0)
+
+
+def test_identical_message_has_zero_distances(proj):
+    x = _payload(0)
+    d = distances(signature(x, proj, "token_mean"), _baseline_of(x, proj).view(), DISTANCES)
+    names = dict(zip(DISTANCES, d))
+    for n in ("l1", "l2_normalized", "sign_flip_ratio", "sliced_wasserstein", "z_mean"):
+        assert names[n] == pytest.approx(0.0, abs=1e-6), n
+    assert names["skewness"] == pytest.approx(0.0, abs=1e-5)
+
+
+def test_sign_flip_is_maximal_for_sign_ratio_and_skewness(proj):
+    x = _payload(1)
+    d = dict(zip(DISTANCES, distances(signature(-x, proj, "token_mean"), _baseline_of(x, proj).view(), DISTANCES)))
+    assert d["sign_flip_ratio"] == pytest.approx(1.0)
+    assert d["skewness"] == pytest.approx(2.0, abs=1e-5)  # kappa(-x) = -kappa(x): cosine -1
+
+
+def test_l1_and_l2_normalized_by_hand(proj):
+    x = _payload(2)
+    base = _baseline_of(x, proj).view()
+    y = x + 0.5  # a bias shifts every pooled coordinate by 0.5
+    d = dict(zip(DISTANCES, distances(signature(y, proj, "token_mean"), base, DISTANCES)))
+    assert d["l1"] == pytest.approx(0.5, rel=1e-5)
+    pooled = x.reshape(-1, 16).mean(0)
+    assert d["l2_normalized"] == pytest.approx(0.5 * 4 / float(pooled.norm()), rel=1e-4)  # ||0.5 * 1_16|| = 2
+
+
+def test_sliced_wasserstein_matches_scipy_for_one_direction():
+    proj = Projections(16, num_projections=1, num_quantiles=4096, seed=3)
+    x, y = _payload(3, (16, 64, 16)), _payload(4, (16, 64, 16)) * 1.5
+    base = _baseline_of(x, proj).view()
+    got = dict(zip(DISTANCES, distances(signature(y, proj, "token_mean"), base, DISTANCES)))["sliced_wasserstein"]
+    theta = torch.from_numpy(proj.theta[0])
+    ref = wasserstein_distance((x.reshape(-1, 16) @ theta).numpy(), (y.reshape(-1, 16) @ theta).numpy())
+    assert got == pytest.approx(ref, rel=0.02)
+
+
+def test_projections_are_seeded_unit_vectors():
+    a, b, c = Projections(32, 8, 8, seed=5), Projections(32, 8, 8, seed=5), Projections(32, 8, 8, seed=6)
+    assert np.array_equal(a.theta, b.theta) and not np.array_equal(a.theta, c.theta)
+    np.testing.assert_allclose(np.linalg.norm(a.theta, axis=1), np.ones(8), rtol=1e-6)
+
+
+def test_full_pooling_compares_whole_tensors(proj):
+    x = _payload(5)
+    d = dict(zip(DISTANCES, distances(signature(x.flip(0), proj, "full"), _baseline_of(x, proj, "full").view(),
+                                      DISTANCES)))
+    assert d["l1"] > 0.1  # token order matters for full pooling
+    d_mean = distances(signature(x.flip(0), proj, "token_mean"), _baseline_of(x, proj).view(), DISTANCES)
+    assert d_mean[0] == pytest.approx(0.0, abs=1e-6)  # ...and not for the token mean
+
+
+def test_constant_payload_gives_finite_distances(proj):
+    x = _payload(6)
+    d = distances(signature(torch.zeros_like(x), proj, "token_mean"), _baseline_of(x, proj).view(), DISTANCES)
+    assert np.isfinite(d).all()
+
+
+def test_baseline_bias_correction_is_exact_for_a_constant_stream(proj):
+    x = _payload(7)
+    sig, lay = signature(x, proj, "token_mean"), layout(tuple(x.shape), proj, "token_mean")
+    b = Baseline(beta=0.9, beta_var=0.99, keep_full=True)
+    for _ in range(5):
+        b.update(sig, lay, x)
+    torch.testing.assert_close(b.view().pooled, sig[lay.pooled])
+    torch.testing.assert_close(b.full(), x)
+    assert b.n == 5
+
+
+def test_fences_match_numpy_quantiles():
+    f = Fences(("a", "b"), window=10, k=1.5)
+    rng = np.random.default_rng(0)
+    vals = rng.random((25, 2))
+    for v in vals:
+        f.push(v)
+    last = vals[-10:]
+    q1, q3 = np.quantile(last, [0.25, 0.75], axis=0)
+    thr = f.thresholds()
+    assert thr["a"] == pytest.approx(q3[0] + 1.5 * (q3[0] - q1[0]))
+    assert thr["b"] == pytest.approx(q3[1] + 1.5 * (q3[1] - q1[1]))
+    e = f.exceedance(np.array([thr["a"], thr["b"]]))
+    np.testing.assert_allclose(e, [1.5, 1.5])
+
+
+def test_log_fences_are_multiplicative():
+    f = Fences(("a",), window=4, k=1.0, log=True)
+    for v in (1.0, 2.0, 4.0, 8.0):
+        f.push(np.array([v]))
+    q1, q3 = np.quantile(np.log([1.0, 2.0, 4.0, 8.0]), [0.25, 0.75])
+    assert f.thresholds()["a"] == pytest.approx(np.exp(q3 + (q3 - q1)))
+
+
+def test_sender_median_baseline_ignores_a_minority_sender(proj):
+    from sentinel.detectors.baseline import SenderMedianBaseline
+
+    lay = layout((4, 8, 16), proj, "token_mean")
+    b = SenderMedianBaseline(beta=0.5, beta_var=0.9)
+    honest = [signature(_payload(10 + i), proj, "token_mean") for i in range(3)]
+    for i, sig in enumerate(honest):
+        b.update(sig, lay, sender=f"s1r{i % 2}", step=i)
+    b.update(signature(_payload(20) + 100.0, proj, "token_mean"), lay, sender="s1r2", step=3)  # a wild sender
+    assert float(np.abs(b.view().pooled).max()) < 10  # the median of three senders ignores the wild one
+    single = SenderMedianBaseline(beta=0.5, beta_var=0.9)
+    pooled = Baseline(beta=0.5, beta_var=0.9)
+    for i, sig in enumerate(honest):
+        single.update(sig, lay, sender="s1r0", step=i)
+        pooled.update(sig, lay)
+    np.testing.assert_allclose(single.view().pooled, pooled.view().pooled)

@@ -1,0 +1,148 @@
+"""SENTINEL on hand-made streams: learns during warm-up, flags corrupted payloads, never learns from them."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from sentinel.detectors.stagewise import Sentinel
+from sentinel.transport.message import Message, Role
+
+SHAPE = (4, 8, 16)
+
+
+def honest(step: int, mb: int, role: Role = Role.GRADIENT) -> torch.Tensor:
+    """Skewed, zero-mean-ish 'gradients' or offset 'activations', i.i.d. per (step, mb)."""
+    g = torch.Generator().manual_seed(1000 * step + mb)
+    e = torch.empty(SHAPE).exponential_(generator=g) - 1.0  # right-skewed, mean 0
+    x = 0.01 * (e + 0.3 * torch.randn(SHAPE, generator=g))
+    if role == Role.ACTIVATION:
+        x = x * 100 + torch.linspace(-1, 1, SHAPE[-1])
+    return x
+
+
+def msg(step, mb, payload, role=Role.GRADIENT, sender="s1r0", boundary=0) -> Message:
+    return Message(step, mb, boundary, role, sender, "s0r0", payload)
+
+
+def feed(det, steps, role=Role.GRADIENT, mbs=4, senders=("s1r0", "s1r1", "s1r2")):
+    flags = 0
+    for s in range(steps):
+        for m in range(mbs):
+            flags += det.observe(msg(s, m, honest(s, m, role), role, senders[m % len(senders)])).flagged
+    return flags
+
+
+def small(**kw) -> Sentinel:
+    return Sentinel(Sentinel.Config(warmup_steps=5, window=64, **kw), seed=0)
+
+
+def test_warmup_only_learns():
+    det = small()
+    for s in range(5):
+        assert not det.observe(msg(s, 0, honest(s, 0) * 100)).flagged  # even an absurd message
+    assert det._streams[(0, 1)].baseline.n == 5
+
+
+@pytest.mark.parametrize("role", [Role.GRADIENT, Role.ACTIVATION])
+def test_honest_stream_is_rarely_flagged(role):
+    det = small()
+    assert feed(det, 60, role) <= 3  # of 220 judged messages
+
+
+@pytest.mark.parametrize(
+    "attack",
+    [lambda x: -x, lambda x: torch.zeros_like(x), lambda x: x * 3, lambda x: x + 5 * x.std(),
+     lambda x: torch.randn(x.shape, generator=torch.Generator().manual_seed(0)) * x.std()],
+    ids=["sign_flip", "zeros", "scale3", "bias", "noise"],
+)
+@pytest.mark.parametrize("role", [Role.GRADIENT, Role.ACTIVATION])
+def test_corrupted_payloads_are_flagged(attack, role):
+    det = small()
+    feed(det, 30, role)
+    hits = sum(det.observe(msg(30 + i, 0, attack(honest(30 + i, 0, role)), role)).flagged for i in range(10))
+    assert hits >= 9
+
+
+def test_gradient_sign_flip_is_seen_by_skewness_only():
+    """The paper's miss: mean-pooled distances cannot see -g when g's feature means are ~0."""
+    paper = small(distances=("l1", "l2_normalized", "sign_flip_ratio"))
+    ours = small(distances=("skewness",))
+    for det in (paper, ours):
+        feed(det, 30)
+    flip = [honest(30 + i, 0) for i in range(10)]
+    assert sum(paper.observe(msg(30 + i, 0, -x)).flagged for i, x in enumerate(flip)) <= 2
+    assert sum(ours.observe(msg(30 + i, 0, -x)).flagged for i, x in enumerate(flip)) == 10
+
+
+def test_flagged_messages_never_update_state():
+    det = small()
+    feed(det, 20)
+    st = det._streams[(0, 1)]
+    before = (st.baseline.n, st.baseline._m.copy(), st.fences.count, st.fences._buf.copy())
+    assert det.observe(msg(20, 0, honest(20, 0) * 50)).flagged
+    assert st.baseline.n == before[0] and np.array_equal(st.baseline._m, before[1])
+    assert st.fences.count == before[2] and np.array_equal(st.fences._buf, before[3])
+
+
+def test_scores_are_pure_and_match_observe():
+    det = small()
+    feed(det, 20)
+    x = honest(20, 1) * 2
+    before = det.public_state()
+    s1 = det.scores(0, Role.GRADIENT, x)
+    s2 = det.scores(0, Role.GRADIENT, x)
+    assert s1 == s2 and det.public_state() == before
+    v = det.observe(msg(20, 1, x))
+    assert {k: v.scores[k] for k in s1} == pytest.approx(s1)
+
+
+def test_public_state_and_thresholds():
+    det = small()
+    feed(det, 20)
+    state = det.public_state()
+    assert set(state["streams"]) == {"gradient/0"}
+    thr = det.thresholds(0, Role.GRADIENT)
+    assert set(thr) == set(det.names) | {"exceedance"} and thr["exceedance"] == det.config.k
+    assert det.thresholds(3, Role.ACTIVATION) == {}
+
+
+def test_stage_wide_shift_is_learned_not_flagged():
+    """Honest majority: when most senders of a stage jump together, it is drift, not an attack."""
+    det = small()
+    feed(det, 20)
+    shifted = 0
+    for s in range(20, 30):
+        for m in range(4):
+            shifted += det.observe(msg(s, m, honest(s, m) * 4, sender=f"s1r{m % 3}")).flagged
+    assert shifted <= 5  # each sender's first shifted messages, until more than half of the honest ones are seen
+    off = small(consensus_horizon=0)
+    feed(off, 20)
+    stuck = sum(off.observe(msg(s, m, honest(s, m) * 4, sender=f"s1r{m % 3}")).flagged
+                for s in range(20, 30) for m in range(4))
+    assert stuck == 40  # without it, flagged messages never teach the baseline: stuck forever
+
+
+def test_single_outlier_sender_is_still_flagged_during_consensus():
+    det = small()
+    feed(det, 20)
+    for m in range(3):  # two honest senders recently normal
+        det.observe(msg(20, m, honest(20, m), sender=f"s1r{m % 2}"))
+    assert det.observe(msg(20, 3, -honest(20, 3) * 10, sender="s1r2")).flagged
+
+
+@pytest.mark.parametrize("combine", ["any", "vote", "weighted"])
+def test_combine_rules_read_statistic_against_k(combine):
+    det = small(combine=combine)
+    e = np.array([5.0, -1.0, 0.5, 2.0, -0.2, 0.0])
+    stat = det.statistic(e)
+    assert stat == {"any": 5.0, "vote": 2.0, "weighted": 7.5}[combine]
+
+
+def test_seeded_determinism():
+    a, b = small(), small()
+    for s in range(25):
+        for m in range(3):
+            x = honest(s, m) * (1 if s < 22 else -1)
+            assert a.observe(msg(s, m, x)) == b.observe(msg(s, m, x))

@@ -1,0 +1,177 @@
+"""The trusted relay: integrity checks, cascade suppression, read-only views, and no ground truth."""
+
+from __future__ import annotations
+
+import inspect
+import pathlib
+
+import pytest
+import torch
+
+import sentinel.detectors as detectors_pkg
+from sentinel.detectors.base import Detector, Verdict
+from sentinel.detectors.verifier import Verifier
+from sentinel.transport.message import Message, Role
+
+SHAPE = (2, 4, 8)
+
+
+class Recorder(Detector):
+    """Flags payloads whose first value is > 100; records what it was shown."""
+
+    def __init__(self):
+        super().__init__()
+        self.seen: list[tuple] = []
+
+    def observe(self, msg):
+        self.seen.append((msg.step, msg.mb_idx, msg.boundary, int(msg.role)))
+        return Verdict({"v": float(msg.payload.flatten()[0])}, bool(msg.payload.flatten()[0] > 100))
+
+
+def m(step, mb, boundary, role, value=1.0, shape=SHAPE):
+    """A distinct payload per (step, mb, boundary, role) whose first value is `value`."""
+    g = torch.Generator().manual_seed(1000 * step + 100 * mb + 10 * boundary + int(role))
+    x = torch.rand(shape, generator=g)
+    x.view(-1)[0] = value
+    return Message(step, mb, boundary, role, "s1r0", "s2r0", x)
+
+
+@pytest.mark.parametrize(
+    "payload",
+    [torch.full(SHAPE, float("nan")), torch.full(SHAPE, float("inf")), torch.zeros(2, 4, 9),
+     torch.zeros(SHAPE, dtype=torch.int64)],
+    ids=["nan", "inf", "shape", "dtype"],
+)
+def test_corrupt_payloads_are_flagged_without_reaching_the_detector(payload):
+    det = Recorder()
+    v = Verifier(det, payload_shape=SHAPE)
+    msg = Message(0, 0, 1, Role.ACTIVATION, "s1r0", "s2r0", payload)
+    verdict = v.observe(msg)
+    assert verdict.flagged and verdict.scores == {"integrity": 1.0}
+    assert det.seen == []
+
+
+def test_cascade_suppression_pauses_the_rest_of_the_microbatch():
+    det = Recorder()
+    v = Verifier(det, payload_shape=SHAPE)
+    assert v.observe(m(3, 1, 0, Role.ACTIVATION, 500.0)).flagged  # flagged at boundary 0
+    paused = [v.observe(m(3, 1, 1, Role.ACTIVATION)), v.observe(m(3, 1, 1, Role.GRADIENT, 500.0)),
+              v.observe(m(3, 1, 0, Role.GRADIENT))]
+    assert all(not p.flagged and p.scores == {"paused": 1.0} for p in paused)
+    assert det.seen == [(3, 1, 0, 0)]  # the detector neither judged nor learned from downstream traffic
+    assert not v.observe(m(3, 2, 1, Role.ACTIVATION)).flagged  # other microbatches are checked
+    assert v.observe(m(4, 1, 1, Role.ACTIVATION, 500.0)).flagged  # and a new step starts afresh
+    assert len(det.seen) == 3
+
+
+@pytest.mark.parametrize("own_checks", [False, True])
+def test_exact_replays_are_flagged_as_certain(own_checks):
+    from sentinel.detectors.stagewise import Sentinel
+
+    det = Sentinel(Sentinel.Config(warmup_steps=0, min_history=4), seed=0) if own_checks else Recorder()
+    v = Verifier(det, payload_shape=SHAPE)
+    first = m(0, 0, 0, Role.ACTIVATION)
+    assert not v.observe(first).flagged
+    for step in range(1, 4):
+        v.observe(m(step, 0, 0, Role.ACTIVATION))
+    again = Message(5, 1, 0, Role.ACTIVATION, "s1r0", "s2r0", first.payload.clone())  # a stale tensor resent
+    verdict = v.observe(again)
+    assert verdict.flagged and verdict.scores == {"replay": 1.0}
+    nudged = Message(6, 1, 0, Role.ACTIVATION, "s1r0", "s2r0", first.payload + 1e-3)
+    assert "replay" not in v.observe(nudged).scores  # not a replay: left to the statistics
+
+
+def test_sentinel_flags_non_finite_payloads_itself():
+    from sentinel.detectors.stagewise import Sentinel
+
+    det = Sentinel(Sentinel.Config(warmup_steps=0, min_history=4), seed=0)
+    v = Verifier(det, payload_shape=SHAPE)
+    bad = m(0, 0, 0, Role.GRADIENT)
+    bad.payload.view(-1)[5] = float("nan")
+    assert v.observe(bad) == Verdict({"integrity": 1.0}, True)
+    assert det._streams[(0, 1)].baseline.n == 0  # nothing learned from it
+
+
+def test_detector_view_is_read_only():
+    from sentinel.detectors.stagewise import Sentinel
+
+    det = Sentinel(Sentinel.Config(warmup_steps=0, min_history=4), seed=0)
+    v = Verifier(det)
+    gen = torch.Generator().manual_seed(0)
+    for s in range(10):
+        v.observe(Message(s, 0, 0, Role.ACTIVATION, "s0r0", "s1r0", torch.randn(SHAPE, generator=gen)))
+    view = v.detector_view()
+    before = det.public_state()
+    probe = torch.randn(SHAPE, generator=gen)
+    assert view.scores(0, Role.ACTIVATION, probe) == view.scores(0, Role.ACTIVATION, probe)
+    assert set(view.thresholds(0, Role.ACTIVATION)) >= {"l1", "exceedance"}
+    assert det.public_state() == before
+    assert not hasattr(view, "observe")  # a view gives no verdicts
+
+
+def test_identical_payloads_get_identical_verdicts_whatever_the_ground_truth():
+    """Two runs: in one the payload is recorded as tampered, in the other not; verdicts must agree."""
+    from sentinel.detectors.stagewise import Sentinel
+    from sentinel.eventlog import EventLog
+
+    gen = torch.Generator().manual_seed(1)
+    stream = [torch.randn(SHAPE, generator=gen) for _ in range(30)] + [torch.randn(SHAPE, generator=gen) * 9]
+    verdicts = []
+    for tampered in (False, True):
+        log = EventLog()
+        v = Verifier(Sentinel(Sentinel.Config(warmup_steps=0, min_history=4), seed=0), payload_shape=SHAPE)
+        out = []
+        for i, x in enumerate(stream):
+            msg = Message(i, 0, 0, Role.ACTIVATION, "s0r0", "s1r0", x.clone(), msg_id=i)
+            log.log_message(msg)
+            if tampered and i >= 20:
+                log.log_tamper(msg, "scaling", 9.0)
+            out.append(v.observe(msg))
+        verdicts.append(out)
+    assert verdicts[0] == verdicts[1]
+    assert verdicts[0][-1].flagged
+
+
+def test_detector_code_never_reads_ground_truth():
+    """No detector module (nor the response policy) refers to the EventLog's ground truth."""
+    import sentinel.response as response
+
+    files = list(pathlib.Path(inspect.getfile(detectors_pkg)).parent.glob("*.py")) + [pathlib.Path(response.__file__)]
+    for f in files:
+        if f.name == "evaluation.py":  # the evaluation helper calls the scorer, after the run
+            continue
+        code = "\n".join(line for line in f.read_text().splitlines() if not line.strip().startswith(("#", '"')))
+        assert "ground_truth" not in code and "log_tamper" not in code, f
+
+
+def test_ground_truth_is_never_touched_while_verifying(tiny_scenario):
+    """End to end: reading EventLog.ground_truth during any verifier call raises."""
+    from sentinel.eventlog import EventLog
+    from sentinel.runner import build_engine
+
+    class GuardedLog(EventLog):
+        verifying = False
+
+        def __getattribute__(self, name):
+            if name == "ground_truth" and object.__getattribute__(self, "verifying"):
+                raise AssertionError("a detector read ground truth")
+            return object.__getattribute__(self, name)
+
+    sc = tiny_scenario("pipeline.replicas=3", "detector.name=sentinel", "detector.warmup_steps=2",
+                       "adversary.fraction=0.34", "training.steps=6",
+                       "adversary.attacks=[{name: scaling, role: gradient, start: 3}]")
+    log = GuardedLog()
+    engine = build_engine(sc, log)
+    verifier = engine.transport.verifier
+    inner = verifier.observe
+
+    def guarded(msg):
+        log.verifying = True
+        try:
+            return inner(msg)
+        finally:
+            log.verifying = False
+
+    verifier.observe = guarded
+    engine.run()
+    assert len(log.ground_truth) > 0 and len(log.verdicts) > 0
