@@ -28,7 +28,8 @@ ATTACKED = {
     "adversary": {"placement": "explicit", "workers": ["s1r2"],
                   "attacks": [{"name": "scaling", "role": "both", "alpha": -4.0, "start": 6}]},
     "detector": {"name": "sentinel", "warmup_steps": 3, "min_history": 6},
-    "response": {"on_flag": "drop", "ban_after": 2, "replace_banned": True},
+    # plain strike counting (no peer test), so a few strikes ban and the replacement path is exercised
+    "response": {"on_flag": "drop", "ban_after": 2, "replace_banned": True, "ban_pvalue": 1.0, "attribution": "sender"},
 }
 
 # Three stages, one replica each: the smallest mesh that runs on four processes.
