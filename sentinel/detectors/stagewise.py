@@ -17,7 +17,8 @@ Per stream:
                vote    flag if >= vote_m distances are                    (statistic: vote_m-th largest e_i)
                weighted flag if sum_i w_i max(e_i, 0) > k                 (statistic: that sum)
     consensus  honest-majority drift detection (`_stage_shift`): when more than half of the honest
-               replicas of the sending stage must be beyond a fence together, it is drift: learned
+               replicas of the sending stage must be beyond the inner fence together, it is drift: a
+               message no more anomalous than them is accepted and learned, even beyond the outer fence
     replays    an exact repeat of a relayed tensor is flagged as certain (`replay.py`)
 with e_i = (d_i - Q3_i) / IQR_i, so every rule reads "statistic > k" and the logged `exceedance` score
 sweeps the whole ROC of the rule from one open-loop run. A flagged message updates nothing.
@@ -232,12 +233,13 @@ class Sentinel(Detector):
                 return self._accept(st, sig, lay, msg, values, d)  # statistic is still logged: peer tests use it)
             stage = msg.boundary if msg.role == Role.ACTIVATION else msg.boundary + 1  # the sender's stage
             st.recent[msg.sender] = (msg.step, e if np.isfinite(e) else np.inf)
-            if not e <= self.config.k:  # NaN counts as above the fence
-                if not self._stage_shift(st, msg.step, e, self.config.k, stage):
-                    st.flags += 1
-                    return Verdict(d, True)
+            shift = e > self.config.k_learn and self._stage_shift(st, msg.step, e, self.config.k_learn, stage)
+            if not e <= self.config.k and not shift:  # NaN counts as above the fence
+                st.flags += 1
+                return Verdict(d, True)
+            if shift:
                 d["shift"] = 1.0
-            learn = e <= self.config.k_learn or self._stage_shift(st, msg.step, e, self.config.k_learn, stage)
+            learn = e <= self.config.k_learn or shift
             if e > self.config.k_learn and not learn:
                 d["outlier"] = 1.0  # between the fences: accepted, not learned (soft evidence for the responder)
         if learn:
