@@ -31,10 +31,12 @@ stage it reaches alike, so it singles out no honest one. A ban needs p < `ban_pv
              shows up in the gradient the next stage returns). Chances: microbatches taken part in.
              `attribution: sender` is the paper's rule.
 
-    scores   (once per step, per stream) the detector's continuous statistic (`exceedance`) of the
-             sender's recent messages against its peers': one-sided Mann-Whitney U. An attack that
-             shifts every message a little but crosses no fence (invisible noise, random signs on a
-             deep boundary) shows here long before it shows in counts.
+    scores   (once per step, per stream) every continuous statistic the detector reports for the
+             sender's recent accepted messages against its peers': one-sided Mann-Whitney U,
+             Bonferroni over the statistics. An attack that shifts every message a little but crosses
+             no fence (invisible noise, random signs on a deep boundary) shows here long before it
+             shows in counts; a statistic that ignores a poisoned baseline (skewness is a cosine, blind
+             to a baseline diluted by the attacker's own learned messages) keeps the gap open.
 
 A stage with a single live replica has no peers: only its hard and certain strikes count, tested
 against Binomial(n_w, base_fpr) (resp. 1e-6). `ban_pvalue: 1` turns the peer test off: plain
@@ -65,6 +67,7 @@ from sentinel.transport.message import Message
 EXPLAINED = 0.05  # a flag whose sender the peer test singles out at this level is explained by it
 CERTAIN_FLOOR = 1e-6  # honest workers (practically) never send NaN, a wrong shape, or an exact replay
 MIN_SCORES = 8  # statistics a sender needs in a stream before its distribution is compared with its peers'
+MARKERS = frozenset({"paused", "integrity", "replay", "outlier", "shift"})  # verdict flags, not statistics
 
 
 class Attribution:
@@ -95,18 +98,27 @@ class Attribution:
                 del self._q[(kind, key)]
 
 
-def mann_whitney_greater(x: np.ndarray, y: np.ndarray) -> float:
-    """One-sided p-value of "x tends to be larger than y" (Mann-Whitney U, normal approximation, ties corrected)."""
-    n1, n2 = len(x), len(y)
-    z = np.nan_to_num(np.concatenate((x, y)), nan=np.inf)
+def one_vs_rest_pvalues(values: np.ndarray, owner: np.ndarray, groups: int) -> np.ndarray:
+    """For each group, the one-sided Mann-Whitney p-value of "its values tend to exceed the others'".
+
+    Normal approximation with the tie correction; one ranking of the pooled values serves every group.
+    NaN counts as the largest value.
+    """
+    z = np.nan_to_num(values, nan=np.inf, posinf=np.inf)
     ranks = rankdata(z)
-    u = ranks[:n1].sum() - n1 * (n1 + 1) / 2
-    n = n1 + n2
+    n = len(z)
     _, counts = np.unique(z, return_counts=True)
-    var = n1 * n2 / 12.0 * ((n + 1) - (counts**3 - counts).sum() / (n * (n - 1)))
-    if var <= 0:
-        return 1.0
-    return float(norm.sf((u - n1 * n2 / 2.0 - 0.5) / np.sqrt(var)))
+    tie = (counts**3 - counts).sum() / (n * (n - 1)) if n > 1 else 0.0
+    out = np.ones(groups)
+    for g in range(groups):
+        mine = owner == g
+        n1 = int(mine.sum())
+        n2 = n - n1
+        var = n1 * n2 / 12.0 * ((n + 1) - tie)
+        if n1 and n2 and var > 0:
+            u = ranks[mine].sum() - n1 * (n1 + 1) / 2
+            out[g] = norm.sf((u - n1 * n2 / 2.0 - 0.5) / np.sqrt(var))
+    return out
 
 
 def peer_pvalue(k: int, n: int, k_peers: int, n_peers: int, base_fpr: float) -> float:
@@ -172,9 +184,9 @@ class Responder:
             self._judge(w, step, k, p)
         if verdict.flagged or verdict.scores.get("outlier"):
             self._soft_strike(w, stream, step)
-        e = verdict.scores.get("exceedance")
-        if e is not None:
-            self._stats.setdefault(stream, {}).setdefault(w, collections.deque()).append((step, e))
+        stats = {k: v for k, v in verdict.scores.items() if k not in MARKERS}
+        if stats and not verdict.flagged:  # flagged ones already count as hard strikes
+            self._stats.setdefault(stream, {}).setdefault(w, collections.deque()).append((step, stats))
 
     def _peers(self, worker: str) -> list[str]:
         workers = self.engine.workers
@@ -213,11 +225,14 @@ class Responder:
         self._judge(worker, step, k, p, soft=True)
 
     def _score_tests(self, step: int) -> None:
-        """Once per step: is a sender's detector statistic stochastically larger than its peers'?
+        """Once per step: are a sender's statistics stochastically larger than its peers'?
 
-        One-sided Mann-Whitney U test, per stream, of the sender's recent statistics (the detector's
-        `exceedance`) against those of the other live replicas of its stage. Far more powerful than
-        counting flags for an attack that shifts every message a little and crosses no fence.
+        Per stream and per continuous statistic the detector reports (for SENTINEL: each distance and
+        the combined `exceedance`), a one-sided Mann-Whitney U test of the sender's recent accepted
+        messages against those of the other senders of the stream (the other replicas of its stage),
+        Bonferroni-corrected over the statistics. Far more powerful than counting flags for an attack
+        that shifts every message a little and crosses no fence; one ranking per statistic serves every
+        sender of the stream.
         """
         for senders in self._stats.values():
             recent = {}
@@ -225,13 +240,25 @@ class Responder:
                 while q and self.config.strike_window is not None and q[0][0] <= step - self.config.strike_window:
                     q.popleft()
                 if len(q) >= MIN_SCORES and w not in self.banned:
-                    recent[w] = np.fromiter((e for _, e in q), float, len(q))
-            for w, mine in recent.items():
-                peers = [recent[p] for p in self._peers(w) if p in recent]
-                if not peers:
-                    continue
-                if mann_whitney_greater(mine, np.concatenate(peers)) < self.config.ban_pvalue:
-                    self.ban(w, step)
+                    recent[w] = q
+            if len(recent) < 2:
+                continue
+            names = set.intersection(*(set(d) for q in recent.values() for _, d in q))
+            for w in self._outliers(recent, sorted(names)):
+                self.ban(w, step)
+
+    def _outliers(self, recent: dict[str, collections.deque], names: list[str]) -> list[str]:
+        """Senders whose smallest Bonferroni-corrected p-value over the statistics is below ban_pvalue."""
+        senders = list(recent)
+        sizes = np.array([len(recent[w]) for w in senders])
+        owner = np.repeat(np.arange(len(senders)), sizes)
+        guilty = set()
+        for name in names:
+            values = np.fromiter((d[name] for w in senders for _, d in recent[w]), float, int(sizes.sum()))
+            for i, p in enumerate(one_vs_rest_pvalues(values, owner, len(senders))):
+                if p * len(names) < self.config.ban_pvalue:
+                    guilty.add(senders[i])
+        return [w for w in senders if w in guilty]
 
     def _judge(self, worker: str, step: int, strikes: int, pvalue: float, soft: bool = False) -> None:
         if worker in self.banned:
