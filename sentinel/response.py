@@ -31,7 +31,7 @@ stage it reaches alike, so it singles out no honest one. A ban needs p < `ban_pv
              shows up in the gradient the next stage returns). Chances: microbatches taken part in.
              `attribution: sender` is the paper's rule.
 
-    scores   (once per step, per stream) every continuous statistic the detector reports for the
+    scores   (every SCORE_EVERY steps, per stream) every continuous statistic the detector reports for the
              sender's recent accepted messages against its peers': one-sided Mann-Whitney U,
              Bonferroni over the statistics. An attack that shifts every message a little but crosses
              no fence (invisible noise, random signs on a deep boundary) shows here long before it
@@ -66,6 +66,7 @@ from sentinel.transport.message import Message
 
 EXPLAINED = 0.05  # a flag whose sender the peer test singles out at this level is explained by it
 CERTAIN_FLOOR = 1e-6  # honest workers (practically) never send NaN, a wrong shape, or an exact replay
+SCORE_EVERY = 3  # steps between two rounds of score tests (their cost is per stream, not per message)
 MIN_SCORES = 8  # statistics a sender needs in a stream before its distribution is compared with its peers'
 MARKERS = frozenset({"paused", "integrity", "replay", "outlier", "shift"})  # verdict flags, not statistics
 
@@ -99,26 +100,24 @@ class Attribution:
 
 
 def one_vs_rest_pvalues(values: np.ndarray, owner: np.ndarray, groups: int) -> np.ndarray:
-    """For each group, the one-sided Mann-Whitney p-value of "its values tend to exceed the others'".
+    """(groups, statistics) one-sided Mann-Whitney p-values of "this group's values exceed the others'".
 
-    Normal approximation with the tie correction; one ranking of the pooled values serves every group.
-    NaN counts as the largest value.
+    `values` is (n, k): n observations of k statistics, `owner` (n,) their group. Normal approximation
+    without the tie correction (ties, e.g. in a sign ratio, then only make the test conservative); one
+    ranking per statistic serves every group. NaN counts as the largest value.
     """
-    z = np.nan_to_num(values, nan=np.inf, posinf=np.inf)
-    ranks = rankdata(z)
-    n = len(z)
-    _, counts = np.unique(z, return_counts=True)
-    tie = (counts**3 - counts).sum() / (n * (n - 1)) if n > 1 else 0.0
-    out = np.ones(groups)
-    for g in range(groups):
-        mine = owner == g
-        n1 = int(mine.sum())
-        n2 = n - n1
-        var = n1 * n2 / 12.0 * ((n + 1) - tie)
-        if n1 and n2 and var > 0:
-            u = ranks[mine].sum() - n1 * (n1 + 1) / 2
-            out[g] = norm.sf((u - n1 * n2 / 2.0 - 0.5) / np.sqrt(var))
-    return out
+    z = np.nan_to_num(values.reshape(len(values), -1), nan=np.inf, posinf=np.inf)
+    n = z.shape[0]
+    ranks = rankdata(z, axis=0)
+    onehot = np.zeros((groups, n))
+    onehot[owner, np.arange(n)] = 1.0
+    n1 = onehot.sum(axis=1, keepdims=True)  # groups x 1
+    n2 = n - n1
+    u = onehot @ ranks - n1 * (n1 + 1) / 2  # groups x k
+    var = n1 * n2 / 12.0 * (n + 1) + 0.0 * u
+    with np.errstate(divide="ignore", invalid="ignore"):
+        zscore = (u - n1 * n2 / 2.0 - 0.5) / np.sqrt(var)
+    return np.where((var > 0) & (n1 > 0) & (n2 > 0), norm.sf(zscore), 1.0)
 
 
 def peer_pvalue(k: int, n: int, k_peers: int, n_peers: int, base_fpr: float) -> float:
@@ -138,7 +137,8 @@ class Responder:
         self.banned: dict[str, int] = {}  # worker -> step of its ban
         self._rejoins: list[tuple[int, int, str]] = []  # (due step, stage, banned worker)
         self._routes: dict[int, list[str]] = {}  # mb -> senders so far, this step
-        self._stats: dict[tuple, dict[str, collections.deque]] = {}  # stream -> sender -> (step, statistic)
+        self._stats: dict[tuple, dict[str, collections.deque]] = {}  # stream -> sender -> (step, statistics)
+        self._stat_names: dict[tuple, tuple[str, ...]] = {}  # stream -> the statistics recorded for it
         self._step = -1
 
     def deliver(self, msg: Message, verdict) -> torch.Tensor | None:
@@ -160,7 +160,7 @@ class Responder:
     # -- bookkeeping -----------------------------------------------------------------------------
     def _new_step(self, step: int) -> None:
         if step != self._step:
-            if self._step >= 0 and self.config.ban_pvalue < 1.0:
+            if self._step >= 0 and self.config.ban_pvalue < 1.0 and step % SCORE_EVERY == 0:
                 self._score_tests(step)
             self._step, self._routes = step, {}
             self._rejoin_due(step)
@@ -184,9 +184,8 @@ class Responder:
             self._judge(w, step, k, p)
         if verdict.flagged or verdict.scores.get("outlier"):
             self._soft_strike(w, stream, step)
-        stats = {k: v for k, v in verdict.scores.items() if k not in MARKERS}
-        if stats and not verdict.flagged:  # flagged ones already count as hard strikes
-            self._stats.setdefault(stream, {}).setdefault(w, collections.deque()).append((step, stats))
+        if not verdict.flagged:  # flagged ones already count as hard strikes
+            self._record_stats(stream, w, step, verdict.scores)
 
     def _peers(self, worker: str) -> list[str]:
         workers = self.engine.workers
@@ -224,8 +223,18 @@ class Responder:
         k, p = self._test("soft", "msgs", worker, stream, step)
         self._judge(worker, step, k, p, soft=True)
 
+    def _record_stats(self, stream, worker: str, step: int, scores: dict) -> None:
+        names = self._stat_names.get(stream)
+        if names is None:
+            names = tuple(sorted(k for k in scores if k not in MARKERS))
+            if not names:
+                return
+            self._stat_names[stream] = names
+        row = np.array([scores.get(k, np.nan) for k in names])
+        self._stats.setdefault(stream, {}).setdefault(worker, collections.deque()).append((step, row))
+
     def _score_tests(self, step: int) -> None:
-        """Once per step: are a sender's statistics stochastically larger than its peers'?
+        """Every few steps: are a sender's statistics stochastically larger than its peers'?
 
         Per stream and per continuous statistic the detector reports (for SENTINEL: each distance and
         the combined `exceedance`), a one-sided Mann-Whitney U test of the sender's recent accepted
@@ -243,22 +252,13 @@ class Responder:
                     recent[w] = q
             if len(recent) < 2:
                 continue
-            names = set.intersection(*(set(d) for q in recent.values() for _, d in q))
-            for w in self._outliers(recent, sorted(names)):
-                self.ban(w, step)
-
-    def _outliers(self, recent: dict[str, collections.deque], names: list[str]) -> list[str]:
-        """Senders whose smallest Bonferroni-corrected p-value over the statistics is below ban_pvalue."""
-        senders = list(recent)
-        sizes = np.array([len(recent[w]) for w in senders])
-        owner = np.repeat(np.arange(len(senders)), sizes)
-        guilty = set()
-        for name in names:
-            values = np.fromiter((d[name] for w in senders for _, d in recent[w]), float, int(sizes.sum()))
-            for i, p in enumerate(one_vs_rest_pvalues(values, owner, len(senders))):
-                if p * len(names) < self.config.ban_pvalue:
-                    guilty.add(senders[i])
-        return [w for w in senders if w in guilty]
+            names = list(recent)
+            rows = np.stack([r for w in names for _, r in recent[w]])  # messages x statistics
+            owner = np.repeat(np.arange(len(names)), [len(recent[w]) for w in names])
+            pvalues = one_vs_rest_pvalues(rows, owner, len(names))  # groups x statistics
+            for w, p in zip(names, pvalues.min(axis=1) * rows.shape[1]):
+                if p < self.config.ban_pvalue:
+                    self.ban(w, step)
 
     def _judge(self, worker: str, step: int, strikes: int, pvalue: float, soft: bool = False) -> None:
         if worker in self.banned:

@@ -26,7 +26,10 @@ sweeps the whole ROC of the rule from one open-loop run. A flagged message updat
 Measured defaults (scenarios/paper/, see the issue note): combine `any` beats `vote` (which loses
 every attack only one distance sees, e.g. x0.5 scaling, seen by sliced Wasserstein alone) and `weighted`
 (six times the honest flag rate for the same recall); k = 4 keeps the clean-twin FPR at ~0.5% where
-k = 3 gives ~1.3%; 32 slices catch gradient sign attacks that 16 miss at a deep boundary.
+k = 3 gives ~1.3%; 32 slices catch gradient sign attacks that 16 miss at a deep boundary; an inner
+fence at 2.5 (not Tukey's 1.5, whose selection lags the baseline behind honest drift: ~2% FPR on
+quickstart after its learning-rate warm-up) and a 5-step consensus horizon keep every clean twin
+measured at <= 0.3%.
 """
 
 from __future__ import annotations
@@ -91,7 +94,7 @@ class Sentinel(Detector):
                                       "random offset); null: all. The pooled mean always uses all")
         window: int = spec(100, ge=8, help="accepted values per distance the fences are computed over")
         k: float = spec(4.0, gt=0, help="outer Tukey fence: flag above Q3 + k * IQR")
-        k_learn: float = spec(1.5, ge=0, help="inner Tukey fence: only messages below Q3 + k_learn * IQR teach the "
+        k_learn: float = spec(2.5, ge=0, help="inner Tukey fence: only messages below Q3 + k_learn * IQR teach the "
                               "baseline (between the fences: accepted, not learned)")
         warmup_steps: int = spec(10, ge=0, help="steps during which the detector only learns")
         min_history: int = spec(16, ge=4, help="accepted messages a stream needs before it flags")
@@ -102,7 +105,7 @@ class Sentinel(Detector):
             "linear", help="fences on the distances themselves, or on their logarithms (multiplicative fences)")
         replay_memory: int = spec(1000, ge=0, help="steps an exact replay of a relayed tensor is recognised; 0: off")
         consensus_horizon: int = spec(
-            2, ge=0, help="steps a sender's latest statistic counts for honest-majority drift detection; 0: off")
+            5, ge=0, help="steps a sender's latest statistic counts for honest-majority drift detection; 0: off")
 
     @classmethod
     def check_config(cls, cfg) -> list[tuple[str, str]]:
@@ -150,9 +153,10 @@ class Sentinel(Detector):
             self._streams[key] = _Stream(self.config, beta, keep_full=role == Role.GRADIENT)
         return self._streams[key]
 
-    def _signature(self, payload: torch.Tensor):
+    def _signature(self, payload: torch.Tensor, offset: int | None = None):
         proj = self._projections(payload.shape[-1])
-        offset = int(self._rows.integers(1 << 30))  # which tokens the moments look at: unpredictable
+        if offset is None:
+            offset = int(self._rows.integers(1 << 30))  # which tokens the moments look at: unpredictable
         sig = signature(payload, proj, self.config.pooling, self.config.max_tokens, offset)
         return sig, layout(tuple(payload.shape), proj, self.config.pooling)
 
@@ -201,10 +205,12 @@ class Sentinel(Detector):
 
     # -- the detector -----------------------------------------------------------------------------
     def scores(self, boundary: int, role, payload: torch.Tensor) -> dict[str, float]:
+        """Pure: no state moves, not even the token-sampling generator (it uses a fixed token subset, so on
+        payloads of more than `max_tokens` tokens it estimates what `observe` would compute)."""
         st = self._streams.get((int(boundary), int(role)))
         if st is None:
             return {}
-        sig, _ = self._signature(payload)
+        sig, _ = self._signature(payload, offset=0)
         if not self._comparable(st, sig):
             return {}
         values = distances(sig, st.baseline.view(), self.names)

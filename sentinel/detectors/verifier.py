@@ -8,10 +8,6 @@ not depend on the detector:
   never reaches the detector (so never its baseline); its verdict carries `score_integrity = 1`;
 - replay: the relay remembers a fingerprint of every tensor it relayed recently (replay.py); a
   tensor it has already relayed is flagged at once (`score_replay = 1`);
-
-A detector that computes a full pass over the payload anyway may declare `checks_payload = True` and
-do the finiteness and replay checks itself from that pass (SENTINEL does, from its signature), with
-the same verdicts; the Verifier then only checks dtype and shape.
 - cascade suppression: once a microbatch is flagged, every later message of that microbatch in the
   same step is causally downstream of the flagged tensor (forward activations after it, and every
   gradient, all computed from it), so its checks are paused: the detector neither judges nor learns
@@ -19,7 +15,10 @@ the same verdicts; the Verifier then only checks dtype and shape.
   `score_paused = 1` (the scorer can report these as contaminated-downstream traffic);
 - the read-only views a white-box adversary may use: `public_state()` and a pure `scores()`.
 
-It reads nothing but the Message: never the EventLog's ground truth.
+A detector that makes a full pass over the payload anyway may declare `checks_payload = True` and do
+the finiteness and replay checks itself from that pass (SENTINEL does, from its signature), with the
+same verdicts; the Verifier then only checks dtype and shape. It reads nothing but the Message: never
+the EventLog's ground truth.
 """
 
 from __future__ import annotations

@@ -146,3 +146,16 @@ def test_seeded_determinism():
         for m in range(3):
             x = honest(s, m) * (1 if s < 22 else -1)
             assert a.observe(msg(s, m, x)) == b.observe(msg(s, m, x))
+
+
+def test_scores_do_not_move_the_token_sampler():
+    """On payloads larger than max_tokens, scores() must not change the verdicts observe() gives later."""
+    a, b = small(max_tokens=8), small(max_tokens=8)
+    feed(a, 12)
+    feed(b, 12)
+    for i in range(5):
+        a.scores(0, Role.GRADIENT, honest(50 + i, 0))  # only `a` is probed
+    for s in range(12, 16):
+        for m in range(3):
+            x = honest(s, m) * (1 if s < 14 else -1)
+            assert a.observe(msg(s, m, x)) == b.observe(msg(s, m, x))
