@@ -11,19 +11,21 @@
 
 Strikes and bans: evidence is weighed against the sender's peers, the other live replicas of its
 stage (the **peer test**). For a kind of strike counted over the last `strike_window` steps, with k_w
-strikes out of n_w chances for worker w and k_p, n_p the same summed over its peers, the p-value is
-P(X >= k_w) for X ~ Hypergeometric(n_w + n_p, k_w + k_p, n_w): the two-sample conditional test of "w is
-struck at its peers' rate". Under an honest majority per stage the peers are mostly honest, and with
-random routing (SWARM) the contamination an attacker spreads downstream hits every replica of the
-stage it reaches alike, so it singles out no honest one. A ban needs p < `ban_pvalue` (and at least
-`ban_after` strikes). Kinds of evidence:
+strikes out of n_w chances for worker w and k_p, n_p the same for one peer p, the pairwise p-value is
+P(X >= k_w) for X ~ Hypergeometric(n_w + n_p, k_w + k_p, n_w) (the two-sample conditional test of "w is
+struck at p's rate"), and w's p-value is the m-th smallest over its peers, m a strict majority of
+them: "w is struck more than most of its peers" (an intersection-union test). A malicious minority
+among the peers can then neither hide an attacker nor frame an honest worker, even when it drags the
+detector's baseline. With random routing (SWARM) the contamination an attacker spreads downstream
+hits every replica of the stage it reaches alike, so it singles out no honest one. A ban needs
+p < `ban_pvalue` (and at least `ban_after` strikes). Kinds of evidence:
 
     hard     flagged messages, per stream (boundary, direction); chances: messages sent in the stream
     soft     flagged or `outlier` messages (between the detector's inner and outer fences), per stream:
              weak one by one, but a sender that keeps producing them more often than its peers is
              singled out (the signature of a subtle, persistent attack)
     certain  payloads no honest worker sends (NaN / Inf / wrong shape / an exact replay of a relayed
-             tensor); chances: microbatches; tested against Binomial(n_w, max(1e-6, peers' rate))
+             tensor / a mismatch with a trusted recomputation: `certain = 1`); chances: microbatches; tested against Binomial(n_w, max(1e-6, median peer rate))
     route    (`attribution: route`, default) a flag the peer test does not explain (the sender is not
              struck more than its peers, p >= 0.05) is a strike against every other worker on the
              microbatch's route so far, i.e. every worker whose output the flagged tensor depends on:
@@ -32,8 +34,8 @@ stage it reaches alike, so it singles out no honest one. A ban needs p < `ban_pv
              `attribution: sender` is the paper's rule.
 
     scores   (every SCORE_EVERY steps, per stream) every continuous statistic the detector reports for the
-             sender's recent accepted messages against its peers': one-sided Mann-Whitney U,
-             Bonferroni over the statistics. An attack that shifts every message a little but crosses
+             sender's recent accepted messages against each peer's: one-sided Mann-Whitney U, the same
+             majority rule, Bonferroni over the statistics. An attack that shifts every message a little but crosses
              no fence (invisible noise, random signs on a deep boundary) shows here long before it
              shows in counts; a statistic that ignores a poisoned baseline (skewness is a cosine, blind
              to a baseline diluted by the attacker's own learned messages) keeps the gap open.
@@ -60,7 +62,7 @@ import collections
 
 import numpy as np
 import torch
-from scipy.stats import binom, hypergeom, norm, rankdata
+from scipy.stats import binom, hypergeom, norm
 
 from sentinel.transport.message import Message
 
@@ -68,7 +70,7 @@ EXPLAINED = 0.05  # a flag whose sender the peer test singles out at this level 
 CERTAIN_FLOOR = 1e-6  # honest workers (practically) never send NaN, a wrong shape, or an exact replay
 SCORE_EVERY = 3  # steps between two rounds of score tests (their cost is per stream, not per message)
 MIN_SCORES = 8  # statistics a sender needs in a stream before its distribution is compared with its peers'
-MARKERS = frozenset({"paused", "integrity", "replay", "outlier", "shift"})  # verdict flags, not statistics
+MARKERS = frozenset({"paused", "integrity", "replay", "outlier", "shift", "certain"})  # verdict flags, not statistics
 
 
 class Attribution:
@@ -99,25 +101,30 @@ class Attribution:
                 del self._q[(kind, key)]
 
 
-def one_vs_rest_pvalues(values: np.ndarray, owner: np.ndarray, groups: int) -> np.ndarray:
-    """(groups, statistics) one-sided Mann-Whitney p-values of "this group's values exceed the others'".
+def pairwise_pvalues(values: np.ndarray, owner: np.ndarray, groups: int) -> np.ndarray:
+    """(statistics, groups, groups) one-sided Mann-Whitney p-values of "group i's values exceed group j's".
 
-    `values` is (n, k): n observations of k statistics, `owner` (n,) their group. Normal approximation
-    without the tie correction (ties, e.g. in a sign ratio, then only make the test conservative); one
-    ranking per statistic serves every group. NaN counts as the largest value.
+    `values` is (n, k): n observations of k statistics, `owner` (n,) their group. U_ij counts the pairs
+    (a from i, b from j) with a > b: one sort per statistic and the running count of each group serve
+    every pair. Normal approximation without tie correction (ties only make it conservative); NaN counts
+    as the largest value.
     """
     z = np.nan_to_num(values.reshape(len(values), -1), nan=np.inf, posinf=np.inf)
-    n = z.shape[0]
-    ranks = rankdata(z, axis=0)
-    onehot = np.zeros((groups, n))
-    onehot[owner, np.arange(n)] = 1.0
-    n1 = onehot.sum(axis=1, keepdims=True)  # groups x 1
-    n2 = n - n1
-    u = onehot @ ranks - n1 * (n1 + 1) / 2  # groups x k
-    var = n1 * n2 / 12.0 * (n + 1) + 0.0 * u
-    with np.errstate(divide="ignore", invalid="ignore"):
-        zscore = (u - n1 * n2 / 2.0 - 0.5) / np.sqrt(var)
-    return np.where((var > 0) & (n1 > 0) & (n2 > 0), norm.sf(zscore), 1.0)
+    n, k = z.shape
+    onehot = np.zeros((n, groups))
+    onehot[np.arange(n), owner] = 1.0
+    sizes = onehot.sum(axis=0)
+    ni, nj = sizes[:, None], sizes[None, :]
+    sd = np.sqrt(ni * nj * (ni + nj + 1) / 12.0)
+    out = np.ones((k, groups, groups))
+    for j in range(k):
+        order = np.argsort(z[:, j], kind="stable")
+        before = np.cumsum(onehot[order], axis=0) - onehot[order]  # per position: members of each group below it
+        u = onehot[order].T @ before  # U[i, j] = #(a in i, b in j, b sorted before a)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            p = norm.sf((u - ni * nj / 2.0 - 0.5) / sd)
+        out[j] = np.where(sd > 0, p, 1.0)
+    return out
 
 
 def peer_pvalue(k: int, n: int, k_peers: int, n_peers: int, base_fpr: float) -> float:
@@ -126,6 +133,23 @@ def peer_pvalue(k: int, n: int, k_peers: int, n_peers: int, base_fpr: float) -> 
     if n_peers <= 0:
         return float(binom.sf(k - 1, n, base_fpr))
     return float(hypergeom.sf(k - 1, n + n_peers, k + k_peers, n))
+
+
+def majority_outliers(pvalues: np.ndarray, alpha: float) -> list[int]:
+    """Groups significantly above a strict majority of the others on some statistic (Bonferroni over them).
+
+    `pvalues` is (statistics, groups, groups) from `pairwise_pvalues`; for group i and a statistic, the
+    intersection-union p-value of "i exceeds a strict majority of the others" is the m-th smallest of
+    its pairwise p-values, m = floor((groups - 1) / 2) + 1.
+    """
+    k, g, _ = pvalues.shape
+    m = (g - 1) // 2 + 1
+    out = []
+    for i in range(g):
+        others = np.delete(pvalues[:, i, :], i, axis=1)  # statistics x (g - 1)
+        if (np.sort(others, axis=1)[:, m - 1] * k < alpha).any():
+            out.append(i)
+    return out
 
 
 class Responder:
@@ -172,7 +196,7 @@ class Responder:
             route.append(w)
             self.attr.add("mbs", w, step)
         self.attr.add("msgs", (w, stream), step)
-        certain = "integrity" in verdict.scores or "replay" in verdict.scores
+        certain = any(k in verdict.scores for k in ("integrity", "replay", "certain"))
         if verdict.flagged and certain:
             self.attr.add("certain", w, step)
             self._judge(w, step, *self._test("certain", "mbs", w, None, step, floor=CERTAIN_FLOOR))
@@ -193,19 +217,27 @@ class Responder:
         return [workers.ids[i] for i in workers.live_in_stage(stage) if workers.ids[i] != worker]
 
     def _test(self, kind: str, denom: str, worker: str, stream, step: int, floor: float | None = None):
-        """(strikes, peer-test p-value) of `worker` for strikes of `kind` per `denom` chances."""
+        """(strikes, peer-test p-value) of `worker` for strikes of `kind` per `denom` chances.
+
+        The p-value is that of "worker is struck more than a strict majority of its peers", one peer at
+        a time (an intersection-union test: the m-th smallest pairwise p-value, m the majority), so a
+        malicious minority among the peers can neither hide an attacker nor frame an honest worker.
+        """
         a = self.attr
 
         def key(w):
             return w if stream is None else (w, stream)
 
-        peers = self._peers(worker)
         k, n = a.count(kind, key(worker), step), a.count(denom, key(worker), step)
-        k_p, n_p = sum(a.count(kind, key(p), step) for p in peers), sum(a.count(denom, key(p), step) for p in peers)
-        if floor is not None:  # certain evidence: binomial against the peers' rate, floored
-            r0 = max(floor, k_p / n_p if n_p else 0.0)
+        counts = [(a.count(kind, key(p), step), a.count(denom, key(p), step)) for p in self._peers(worker)]
+        counts = [(k_p, n_p) for k_p, n_p in counts if n_p > 0]
+        if floor is not None:  # certain evidence: binomial against the peers' median rate, floored
+            r0 = max(floor, float(np.median([k_p / n_p for k_p, n_p in counts])) if counts else 0.0)
             return k, float(binom.sf(k - 1, max(n, k), min(r0, 1.0)))
-        return k, peer_pvalue(k, n, k_p, n_p, self.config.base_fpr)
+        if not counts:
+            return k, peer_pvalue(k, n, 0, 0, self.config.base_fpr)
+        pvalues = sorted(peer_pvalue(k, n, k_p, n_p, self.config.base_fpr) for k_p, n_p in counts)
+        return k, pvalues[len(counts) // 2]
 
     def _route_strike(self, msg: Message, route: list[str], step: int) -> None:
         """An unexplained flag: strike every other worker whose output the flagged tensor depends on."""
@@ -255,10 +287,9 @@ class Responder:
             names = list(recent)
             rows = np.stack([r for w in names for _, r in recent[w]])  # messages x statistics
             owner = np.repeat(np.arange(len(names)), [len(recent[w]) for w in names])
-            pvalues = one_vs_rest_pvalues(rows, owner, len(names))  # groups x statistics
-            for w, p in zip(names, pvalues.min(axis=1) * rows.shape[1]):
-                if p < self.config.ban_pvalue:
-                    self.ban(w, step)
+            for i in majority_outliers(pairwise_pvalues(rows, owner, len(names)), self.config.ban_pvalue):
+                self.ban(names[i], step)
+
 
     def _judge(self, worker: str, step: int, strikes: int, pvalue: float, soft: bool = False) -> None:
         if worker in self.banned:

@@ -180,9 +180,9 @@ class ResponseConfig:
     rejoin_after: int | None = spec(None, ge=1, help="a banned worker returns under a new id n steps later (Sybil)")
     attribution: Literal["route", "sender"] = spec(
         "route", help="a flag strikes every worker on the microbatch's route up to it, or only its sender")
-    ban_pvalue: float = spec(1e-5, gt=0, le=1, help="peer test: ban only if P(strikes this high | the stage's "
-                             "median peer rate) < ban_pvalue; 1 disables the test")
-    base_fpr: float = spec(0.01, gt=0, lt=1, help="the peer test's floor on the honest flag rate")
+    ban_pvalue: float = spec(1e-5, gt=0, le=1, help="peer test (sentinel/response.py): ban only if P(this much "
+                             "evidence | struck like the stage's other replicas) < ban_pvalue; 1 disables the test")
+    base_fpr: float = spec(0.01, gt=0, lt=1, help="honest flag rate assumed for a stage with no peers")
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

@@ -14,7 +14,9 @@ A lossy codec adds its own error: raise `tol` to the codec's error bound.
                    here (weights are honest in this testbed); a colluding checker that lies is not
                    modelled. With no second live replica the message goes unchecked.
 
-The trusted recomputation is also an exact stand-in: `substitute` returns it (for both roles).
+The trusted recomputation is also an exact stand-in: `substitute` returns it (for both roles). A
+mismatch is a proof, not a statistical alarm: its verdict carries `certain = 1`, which the response
+policy weighs as such (sentinel/response.py).
 """
 
 from __future__ import annotations
@@ -68,7 +70,9 @@ class Duplication(Detector):
         self.checked += 1
         self._last = (msg.msg_id, ref.detach())
         err = relative_error(msg.payload, ref)
-        return Verdict({"recompute_error": err}, not err <= self.config.tol)
+        if err <= self.config.tol:
+            return Verdict({"recompute_error": err}, False)
+        return Verdict({"recompute_error": err, "certain": 1.0}, True)  # a proof, not a statistical alarm
 
     def substitute(self, msg: Message) -> torch.Tensor | None:
         if self._last is None or self._last[0] != msg.msg_id:

@@ -155,3 +155,15 @@ def test_krum_picks_an_honest_row_when_honest_rows_are_clustered(n, d, seed, far
     assert any(torch.equal(out, h) for h in honest)
     mk = MultiKrum(MultiKrum.Config(f=f))(x, W)
     assert float(mk.abs().max()) < 1.0  # the average of honest rows only
+
+
+def test_scenario_validation_checks_the_aggregator_domain(tiny_scenario):
+    """Only when the adversary attacks the DP sync: krum with n=3 cannot tolerate one faulty replica."""
+    from sentinel.errors import ConfigError
+
+    base = ("pipeline.replicas=3", "adversary.fraction=0.34")
+    dp_attack = "adversary.attacks=[{name: ipm, role: dp_gradient}]"
+    with pytest.raises(ConfigError, match=r"dp.aggregator.name: krum cannot tolerate"):
+        tiny_scenario(*base, "dp.aggregator=krum", dp_attack)
+    tiny_scenario(*base, "dp.aggregator=median", dp_attack)  # 2f < n holds
+    tiny_scenario(*base, "dp.aggregator=krum", "adversary.attacks=[{name: scaling, role: activation}]")
