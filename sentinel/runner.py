@@ -13,6 +13,10 @@ If a run fails or is interrupted, what was logged so far is saved and `failure.t
 from __future__ import annotations
 
 import dataclasses
+import fcntl
+import hashlib
+import json
+import shutil
 import sys
 import time
 import traceback
@@ -26,7 +30,7 @@ from sentinel.eventlog import EventLog
 from sentinel.scenario import Scenario
 from sentinel.scoring.metrics import impact_metrics
 from sentinel.scoring.report import finish
-from sentinel.scoring.summary import build_summary
+from sentinel.scoring.summary import build_summary, confirmation_metrics
 from sentinel.transport.clock import network_report
 
 
@@ -50,15 +54,15 @@ def malicious_workers(engine: SimEngine) -> list[str]:
 
 
 def twin_scenario(scenario: Scenario, kind: str) -> Scenario:
-    """`clean`: no attack, no detector. `undefended`: the attack, no detector."""
+    """`clean`: no attack, the scenario's detector and response (its false positives, false bans and ARL0
+    are the honest cost of the defence). `undefended`: the attack, no detector."""
     from sentinel.config import build
     from sentinel.scenario import DetectorSpec
 
-    no_detector = build(DetectorSpec, "none")
     if kind == "clean":
         adv = dataclasses.replace(scenario.adversary, attacks=())
-        return dataclasses.replace(scenario, adversary=adv, detector=no_detector, name=f"{scenario.name}:clean")
-    return dataclasses.replace(scenario, detector=no_detector, name=f"{scenario.name}:undefended")
+        return dataclasses.replace(scenario, adversary=adv, name=f"{scenario.name}:clean")
+    return dataclasses.replace(scenario, detector=build(DetectorSpec, "none"), name=f"{scenario.name}:undefended")
 
 
 class _Progress:
@@ -119,10 +123,36 @@ def train(scenario: Scenario, out_dir: Path | None, progress: bool | None = None
     return engine, result, time.perf_counter() - t0
 
 
-def run(scenario: Scenario, out_dir: Path, progress: bool | None = None, backend: str = "sim", trainer=None) -> dict:
+def run_twin(sc: Scenario, out_dir: Path, trainer, progress, label: str, cache: Path | None) -> EventLog:
+    """Train a twin, or reuse an identical one from `cache` (a sweep over attacks shares one clean twin).
+
+    Identical means the same scenario apart from its name; the cache entry is keyed by a hash of it and
+    written by one process at a time (an exclusive lock), so parallel sweep points never train it twice.
+    """
+    if cache is None:
+        engine, _, _ = trainer(sc, out_dir, progress, label=label)
+        return engine.log
+    plain = {k: v for k, v in sc.to_dict().items() if k not in ("name", "description", "sweep")}
+    key = hashlib.sha256(json.dumps(plain, sort_keys=True, default=str).encode()).hexdigest()[:16]
+    entry = Path(cache) / f"{label}-{key}"
+    entry.parent.mkdir(parents=True, exist_ok=True)
+    with open(entry.with_suffix(".lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released when this process exits, even on a crash
+        if not (entry / "done").is_file():
+            shutil.rmtree(entry, ignore_errors=True)
+            trainer(sc, entry, progress, label=label)
+            (entry / "done").write_text("")
+    shutil.rmtree(out_dir, ignore_errors=True)
+    shutil.copytree(entry, out_dir, ignore=shutil.ignore_patterns("done"))
+    return EventLog.load(out_dir)
+
+
+def run(scenario: Scenario, out_dir: Path, progress: bool | None = None, backend: str = "sim", trainer=None,
+        twin_cache: Path | None = None) -> dict:
     """Run the scenario (and its twins) and write the result folder. Returns the summary.
 
     `trainer` replaces `train` (same signature and contract); the dist backend passes its own.
+    `twin_cache`: a folder where identical twins are shared between runs (sweeps).
     """
     trainer = trainer or train
     out_dir = Path(out_dir)
@@ -131,8 +161,8 @@ def run(scenario: Scenario, out_dir: Path, progress: bool | None = None, backend
     t0 = time.perf_counter()
     twins = {}
     for kind in scenario.scoring.twins:
-        twin_engine, _, _ = trainer(twin_scenario(scenario, kind), out_dir / f"twin_{kind}", progress, label=kind)
-        twins[kind] = twin_engine.log
+        twins[kind] = run_twin(twin_scenario(scenario, kind), out_dir / f"twin_{kind}", trainer, progress, kind,
+                               twin_cache)
     engine, result, _ = trainer(scenario, out_dir, progress, label=scenario.name)
     sc, p = scenario, scenario.pipeline
     tokens_per_step = p.microbatches * sc.data.batch_size * sc.model.seq_len
@@ -153,7 +183,39 @@ def run(scenario: Scenario, out_dir: Path, progress: bool | None = None, backend
         optimum_loss=engine.data.optimum_loss,
         impact=impact,
         sim_time_s=net.get("sim_time_s"),
+        clean=twins.get("clean"),
     )
     summary["transport"].update(net)  # simulated clock: sim_tokens_per_s, dp_bytes_sent, ... (network.py)
     log.save(out_dir)
+    confirm = confirm_scenario(scenario, summary)
+    if confirm is not None:  # open loop: confirm the recommended threshold in closed loop
+        c_engine, _, _ = trainer(confirm, out_dir / "confirm", progress, label="confirm")
+        c_engine.log.meta.update(malicious=malicious_workers(c_engine), backend=backend)
+        c_engine.log.save(out_dir / "confirm")
+        (out_dir / "confirm" / "scenario.yaml").write_text(yaml.safe_dump(confirm.to_dict(), sort_keys=False))
+        rule = summary["detection"]["roc"]["rule"]
+        summary["detection"]["roc"]["confirmation"] = confirmation_metrics(
+            c_engine.log, malicious_workers(c_engine), rule["recommended"], rule["threshold_key"])
     return finish(out_dir, log, summary)
+
+
+def confirm_scenario(scenario: Scenario, summary: dict) -> Scenario | None:
+    """The closed-loop run at the open-loop run's recommended threshold (None when there is none to run)."""
+    from sentinel import scenario as scenario_mod
+    from sentinel.errors import ConfigError
+
+    rule = (summary["detection"].get("roc") or {}).get("rule")
+    if scenario.detector.mode != "open_loop" or not scenario.scoring.confirm or not rule:
+        return None
+    k = rule["recommended"]["threshold"]
+    if k is None:
+        return None
+    d = scenario.to_dict()
+    d["name"] = f"{scenario.name}:confirm"
+    d["detector"].update({rule["threshold_key"]: k, "mode": "closed_loop"})
+    d.setdefault("scoring", {})["twins"] = []
+    try:
+        return scenario_mod.validate(d)
+    except ConfigError as exc:
+        rule["recommended"]["note"] = f"no confirmation run: {exc}"
+        return None

@@ -187,13 +187,20 @@ class ResponseConfig:
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class ScoringConfig:
-    twins: tuple[Literal["clean", "undefended"], ...] = spec(())
-    target_fpr: float = spec(0.01, gt=0, lt=1)
+    twins: tuple[Literal["clean", "undefended"], ...] = spec(
+        (), help="twin runs (same seed and data order): clean = no attack, same defence; undefended = attack, "
+        "no detector")
+    target_fpr: float = spec(0.01, gt=0, lt=1, help="message FPR the recommended threshold must keep (ROC)")
+    confirm: bool = spec(True, help="after an open_loop run, confirm the recommended threshold with a "
+                         "closed-loop run (result folder confirm/)")
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class SweepConfig:
     grid: dict[str, Any] = dataclasses.field(default_factory=dict)
+    reference: dict[str, str] = dataclasses.field(default_factory=dict, metadata={
+        "help": "text shown beside each grid row in a `reference` column (e.g. a paper's reported numbers), "
+        "keyed by the row's label (its grid values, an attack list as name/role)"})
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

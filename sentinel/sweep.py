@@ -4,6 +4,8 @@ Layout:
     DIR/points/<slug>/...   one result folder per grid point (a finished point has summary.json,
                             written last and atomically, so a crash or Ctrl-C never leaves a point
                             that looks finished; finished points are skipped on the next run)
+    DIR/twins/              twin runs shared by points whose twin is identical (e.g. one clean twin
+                            for a sweep over attacks)
     DIR/sweep.csv, DIR/sweep.md, DIR/sweep_<metric>.png   the combined table and plots
 """
 
@@ -31,6 +33,9 @@ HEADLINE = [
     ("steps_to_ban", ("detection", "workers", "median_steps_to_ban")),
     ("clean_val_loss", ("impact", "clean_val_loss")),
     ("undefended_val_loss", ("impact", "undefended_val_loss")),
+    ("recovered", ("impact", "recovered_fraction")),
+    ("clean_fpr", ("detection", "clean_twin", "fpr")),
+    ("clean_false_bans", ("detection", "clean_twin", "false_bans")),
     ("bytes_sent", ("transport", "bytes_sent")),
 ]
 
@@ -56,6 +61,15 @@ def _overrides(point: dict[str, Any]) -> list[str]:
     return [f"{k}={json.dumps(v)}" for k, v in point.items()]
 
 
+def label(value: Any) -> str:
+    """A grid value as a row label: an attack list reads `name/role` (joined by +), scalars as themselves."""
+    if isinstance(value, list) and value and all(isinstance(v, dict) and "name" in v for v in value):
+        return "+".join(f"{v['name']}/{v['role']}" if "role" in v else str(v["name"]) for v in value)
+    if isinstance(value, dict) and "name" in value:
+        return str(value["name"])
+    return value if isinstance(value, (int, float, str, bool)) or value is None else json.dumps(value)
+
+
 def _run_point(path: str, base_overrides: list[str], point: dict[str, Any], out: str, threads: int) -> str:
     import torch
 
@@ -63,7 +77,7 @@ def _run_point(path: str, base_overrides: list[str], point: dict[str, Any], out:
 
     torch.set_num_threads(threads)
     sc = scenario_mod.load(path, base_overrides + _overrides(point))
-    runner.run(sc, Path(out), progress=False)
+    runner.run(sc, Path(out), progress=False, twin_cache=Path(out).parent.parent / "twins")
     return out
 
 
@@ -96,8 +110,8 @@ def run_sweep(path: str | Path, out_dir: Path, overrides: list[str] = (), jobs: 
             futures = [pool.submit(_run_point, str(path), list(overrides), p, str(d), threads) for p, d in todo]
             for i, fut in enumerate(as_completed(futures), 1):
                 print(f"[sweep] {done + i}/{len(points)} done: {Path(fut.result()).name}", file=sys.stderr)
-    rows = collect(out_dir, points)
-    write_tables(out_dir, rows, list(points[0]))
+    rows = collect(out_dir, points, dict(base.sweep.reference))
+    write_tables(out_dir, rows, list(points[0]) + (["reference"] if base.sweep.reference else []))
     return rows
 
 
@@ -109,13 +123,19 @@ def _get(d: dict, path: tuple[str, ...]) -> Any:
     return d
 
 
-def collect(out_dir: Path, points: list[dict[str, Any]]) -> list[dict]:
+def collect(out_dir: Path, points: list[dict[str, Any]], reference: dict[str, str] | None = None) -> list[dict]:
+    """One row per finished point: its grid values as labels, the headline metrics, the reference text."""
     rows = []
     for p in points:
         f = out_dir / "points" / slug(p) / "summary.json"
         if f.is_file():
             s = json.loads(f.read_text())
-            rows.append({**p, **{name: _get(s, path) for name, path in HEADLINE}})
+            labels = {k: label(v) for k, v in p.items()}
+            row = {**labels, **{name: _get(s, path) for name, path in HEADLINE}}
+            if reference:
+                key = " ".join(str(v) for v in labels.values())
+                row["reference"] = reference.get(key, "")
+            rows.append(row)
     return rows
 
 
@@ -144,8 +164,12 @@ def plot_sweep(out_dir: Path, rows: list[dict], keys: list[str]) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    keys = [k for k in keys if k != "reference"]
+    if not rows:
+        return
     numeric = [k for k in keys if all(isinstance(r[k], (int, float)) and not isinstance(r[k], bool) for r in rows)]
-    if not numeric or not rows:
+    if not numeric:
+        plot_categorical(out_dir, rows, keys)
         return
     x_key = numeric[0]
     others = [k for k in keys if k != x_key]
@@ -156,9 +180,9 @@ def plot_sweep(out_dir: Path, rows: list[dict], keys: list[str]) -> None:
         groups: dict[str, list[dict]] = {}
         for r in rows:
             groups.setdefault(", ".join(f"{k}={r[k]}" for k in others) or metric, []).append(r)
-        for label, rs in groups.items():
+        for name, rs in groups.items():
             rs = sorted((r for r in rs if r[metric] is not None), key=lambda r: r[x_key])
-            ax.plot([r[x_key] for r in rs], [r[metric] for r in rs], "o-", label=label)
+            ax.plot([r[x_key] for r in rs], [r[metric] for r in rs], "o-", label=name)
         ax.set_xlabel(x_key)
         ax.set_ylabel(metric)
         ax.set_title(f"{metric} vs {x_key}")
@@ -167,4 +191,39 @@ def plot_sweep(out_dir: Path, rows: list[dict], keys: list[str]) -> None:
             ax.legend(fontsize=7)
         fig.tight_layout()
         fig.savefig(out_dir / f"sweep_{metric}.png", dpi=110)
+        plt.close(fig)
+
+
+def plot_categorical(out_dir: Path, rows: list[dict], keys: list[str]) -> None:
+    """A grid without a numeric key (e.g. one row per attack): grouped bars of detection and of loss."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    names = [" ".join(str(r[k]) for k in keys) for r in rows]
+    x = np.arange(len(rows))
+    panels = (
+        ("sweep_detection.png", "detection", "F1 / rate", (("worker_f1", "worker F1"), ("msg_f1", "message F1"),
+                                                          ("clean_fpr", "clean-twin message FPR"))),
+        ("sweep_loss.png", "final validation loss", "cross-entropy (nats / token)",
+         (("clean_val_loss", "clean twin"), ("final_val_loss", "defended"), ("undefended_val_loss", "undefended"))),
+    )
+    for fname, title, ylabel, series in panels:
+        series = [(m, lab) for m, lab in series if any(r.get(m) is not None for r in rows)]
+        if not series:
+            continue
+        fig, ax = plt.subplots(figsize=(max(6.0, 0.55 * len(rows) + 2), 4.2))
+        width = 0.8 / len(series)
+        for i, (metric, lab) in enumerate(series):
+            vals = [np.nan if r.get(metric) is None else r[metric] for r in rows]
+            ax.bar(x + (i - (len(series) - 1) / 2) * width, vals, width, label=lab)
+        ax.set_xticks(x, names, rotation=60, ha="right", fontsize=7)
+        ax.set_ylabel(ylabel)
+        ax.set_title(f"{title} per {', '.join(keys)}")
+        ax.grid(alpha=0.3, axis="y")
+        ax.legend(fontsize=7)
+        fig.tight_layout()
+        fig.savefig(out_dir / fname, dpi=110)
         plt.close(fig)

@@ -56,6 +56,17 @@ class Detector:
     def observe(self, msg: Message) -> Verdict:
         raise NotImplementedError
 
+    @classmethod
+    def threshold_rule(cls, config) -> dict | None:
+        """How the verdict depends on one threshold, for ROC curves from an open-loop run (scoring/roc.py).
+
+        None, or {"key": config field, "statistic": logged score, "value": its configured value,
+        "warmup_steps": steps that are never judged, "exact_from": the lowest threshold at which the
+        detector's state no longer depends on the threshold (None: exact at the configured value only)}:
+        a judged message is flagged <=> score[statistic] > config[key].
+        """
+        return None
+
     def scores(self, boundary: int, role, payload: torch.Tensor) -> dict[str, float]:
         """The statistics `observe` would compute for this payload now, without updating any state."""
         return {}

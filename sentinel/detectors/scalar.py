@@ -79,6 +79,13 @@ class _ScalarDetector(Detector):
         self._ewma: dict[tuple[int, int], _Ewma] = {}
         self._acc: dict[tuple[int, int, str], list[float]] = {}
 
+    @classmethod
+    def threshold_rule(cls, config) -> dict:
+        """Flag <=> statistic > threshold. A flag teaches nothing and restarts the accumulation, so the
+        state depends on the threshold: an open-loop curve is exact at the configured value only."""
+        return {"key": "threshold", "statistic": "statistic", "value": config.threshold,
+                "warmup_steps": config.warmup_steps, "exact_from": None}
+
     def statistic(self, z: float, acc: list[float]) -> float:
         raise NotImplementedError
 

@@ -170,6 +170,13 @@ class Sentinel(Detector):
     def _comparable(self, st: _Stream, sig: np.ndarray) -> bool:
         return st.baseline.comparable(sig)
 
+    @classmethod
+    def threshold_rule(cls, config) -> dict:
+        """Flag <=> exceedance > k; only messages below the inner fence k_learn teach the detector, so its
+        state, and an open-loop run's verdict for any k >= k_learn, do not depend on k."""
+        return {"key": "k", "statistic": "exceedance", "value": config.k, "warmup_steps": config.warmup_steps,
+                "exact_from": config.k_learn}
+
     def statistic(self, exceed: np.ndarray) -> float:
         """The combined statistic: flagged <=> statistic > k (see module docstring)."""
         if self.config.combine == "any":

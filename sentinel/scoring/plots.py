@@ -106,3 +106,44 @@ def detection_plots(log: EventLog, out_dir: Path) -> list[str]:
         plt.close(fig)
         out.append("detection_delay.png")
     return out
+
+
+def roc_plots(roc: dict, curves: dict, out_dir: Path) -> list[str]:
+    """ROC and precision-recall curves per statistic (and the detector's rule), AUROC in the legend."""
+    if not curves:
+        return []
+    plt = _plt()
+    fig, (ax_roc, ax_pr) = plt.subplots(1, 2, figsize=(10, 4.2))
+    stats = roc.get("statistics", {})
+    for i, (name, c) in enumerate(sorted(curves.items(), key=lambda kv: kv[0] != "rule")):
+        info = roc["rule"] if name == "rule" else stats.get(name, {})
+        label = f"rule ({roc['rule']['statistic']})" if name == "rule" else name
+        style = {"lw": 2.2, "color": "k"} if name == "rule" else {"lw": 1.0, "color": f"C{i}"}
+        fpr = [0.0, *[v if v is not None else 0.0 for v in c["fpr"]], 1.0]
+        tpr = [0.0, *[v if v is not None else 0.0 for v in c["tpr"]], 1.0]
+        auc = info.get("auroc")
+        ax_roc.plot(fpr, tpr, label=f"{label} (AUROC {auc:.3f})" if auc is not None else label, **style)
+        rec = [r for r, p in zip(c["recall"], c["precision"]) if p is not None and r is not None]
+        prec = [p for r, p in zip(c["recall"], c["precision"]) if p is not None and r is not None]
+        ap = info.get("average_precision")
+        ax_pr.plot(rec, prec, label=f"{label} (AP {ap:.3f})" if ap is not None else label, **style)
+    rec = roc.get("rule", {}).get("recommended", {})
+    if rec.get("fpr") is not None and rec.get("tpr") is not None:
+        ax_roc.plot([rec["fpr"]], [rec["tpr"]], "r*", ms=12,
+                    label=f"recommended {roc['rule']['threshold_key']} = {rec['threshold']:.3g}")
+        ax_roc.axvline(rec["target_fpr"], color="r", ls=":", lw=0.8, label=f"target FPR {rec['target_fpr']:g}")
+    ax_roc.plot([0, 1], [0, 1], ls="--", color="grey", lw=0.6)
+    ax_roc.set_xscale("symlog", linthresh=1e-3)
+    ax_roc.set_xlabel("false-positive rate (clean messages flagged; log scale)")
+    ax_roc.set_ylabel("true-positive rate (tampered messages flagged)")
+    ax_roc.set_title(f"ROC ({roc.get('mode', '')} run)")
+    ax_pr.set_xlabel("recall")
+    ax_pr.set_ylabel("precision")
+    ax_pr.set_title("precision-recall")
+    for ax in (ax_roc, ax_pr):
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(out_dir / "roc.png", dpi=110)
+    plt.close(fig)
+    return ["roc.png"]

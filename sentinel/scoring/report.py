@@ -15,7 +15,7 @@ import yaml
 from sentinel.eventlog import EventLog
 from sentinel.scoring import plots
 from sentinel.scoring.metrics import impact_metrics
-from sentinel.scoring.summary import build_summary
+from sentinel.scoring.summary import build_summary, confirmation_metrics
 
 TWINS = ("clean", "undefended")
 
@@ -34,11 +34,15 @@ def finish(out_dir: Path, log: EventLog, summary: dict) -> dict:
     """Write events.csv, plots, report.md and, last and atomically, summary.json."""
     out_dir = Path(out_dir)
     log.write_events_csv(out_dir / "events.csv")
+    roc = summary["detection"].get("roc") or {}
+    curves = roc.pop("curves", {})
+    if curves:
+        write_json_atomic(out_dir / "roc_curves.json", curves)
     twins = twin_logs(out_dir)
     plots.loss_curves(
         log, out_dir / "loss.png", f"{summary['scenario']}: loss", summary["training"]["optimum_loss"], twins=twins
     )
-    extra = plots.detection_plots(log, out_dir)
+    extra = plots.detection_plots(log, out_dir) + plots.roc_plots(roc, curves, out_dir)
     (out_dir / "report.md").write_text(report_md(summary, extra))
     write_json_atomic(out_dir / "summary.json", summary)
     return summary
@@ -75,8 +79,14 @@ def rebuild(out_dir: Path) -> dict:
         optimum_loss=meta.get("optimum_loss"),
         impact=impact,
         sim_time_s=old.get("transport", {}).get("sim_time_s"),
+        clean=twins.get("clean"),
     )
     summary["transport"].update(meta.get("transport", {}))  # the simulated clock's figures (runner.run)
+    rule = (summary["detection"].get("roc") or {}).get("rule")
+    if rule and (out_dir / "confirm" / "events.npz").is_file():
+        c = EventLog.load(out_dir / "confirm")
+        summary["detection"]["roc"]["confirmation"] = confirmation_metrics(
+            c, c.meta.get("malicious", []), rule["recommended"], rule["threshold_key"])
     return finish(out_dir, log, summary)
 
 
@@ -112,6 +122,16 @@ def report_md(summary: dict, figures: list[str] = ()) -> str:
         f"{_f(wk['median_steps_to_ban'], '.1f')} |",
         "",
     ]
+    clean = d.get("clean_twin")
+    if clean:
+        lines += [
+            f"Clean twin (same run, no attack, same defence): message FPR {_f(clean['fpr'], '.4f')} "
+            f"({clean['fp']} of {clean['checked']} checked), false bans {clean['false_bans']}, ARL0 "
+            + (f"{clean['arl0']:.1f} steps between false alarms" if clean.get("arl0") else
+               f"> {clean['steps']} steps (no false alarm)") + ".",
+            "",
+        ]
+    lines += roc_md(d.get("roc") or {})
     if any(v is not None for v in imp.values()):
         lines += [
             "## Convergence impact (twin runs, same seed and data order)",
@@ -126,6 +146,42 @@ def report_md(summary: dict, figures: list[str] = ()) -> str:
     lines += ["## Figures", "", "![loss curves](loss.png)", ""]
     lines += [f"![{Path(f).stem}]({f})" for f in figures]
     return "\n".join(lines) + "\n"
+
+
+def roc_md(roc: dict) -> list[str]:
+    if not roc.get("statistics"):
+        return []
+    lines = [
+        f"## Thresholds (ROC from this {roc['mode']} run)",
+        "",
+        "| statistic | AUROC | average precision | tampered | clean |",
+        "|---|---|---|---|---|",
+    ]
+    rows = dict(roc["statistics"])
+    if roc.get("rule"):
+        rows = {f"**rule: {roc['rule']['statistic']} > {roc['rule']['threshold_key']}**": roc["rule"], **rows}
+    lines += [f"| {k} | {_f(v['auroc'], '.3f')} | {_f(v['average_precision'], '.3f')} | {v['positives']} | "
+              f"{v['negatives']} |" for k, v in rows.items()]
+    lines.append("")
+    rule = roc.get("rule")
+    if rule:
+        rec = rule["recommended"]
+        if rec["threshold"] is not None:
+            lines.append(
+                f"Recommended `{rule['threshold_key']}` = {rec['threshold']:.4g} for target FPR {rec['target_fpr']:g}: "
+                f"FPR {_f(rec['fpr'], '.4f')}, TPR {_f(rec['tpr'], '.3f')} in this run (configured: "
+                f"{rule['configured']:g})." + (f" {rec['note']}." if rec.get("note") else ""))
+        else:
+            lines.append(f"No threshold meets target FPR {rec['target_fpr']:g}: {rec['note']}.")
+        conf = roc.get("confirmation")
+        if conf:
+            lines += ["", f"Closed-loop confirmation at {conf['threshold_key']} = {conf['threshold']:.4g}: FPR "
+                      f"{_f(conf['fpr'], '.4f')} (target {conf['target_fpr']:g}, open loop {_f(conf['open_loop_fpr'], '.4f')}), "
+                      f"message F1 {_f(conf['f1'], '.3f')}, worker F1 {_f(conf['worker_f1'], '.3f')}, false bans "
+                      f"{conf['false_bans']}. Open and closed loop differ: bans and dropped microbatches change the "
+                      "trajectory, and with it the statistics."]
+        lines.append("")
+    return lines
 
 
 def combined_table(dirs: list[Path]) -> str:

@@ -7,7 +7,40 @@ are undefined (0/0, e.g. precision with no flags) are written as null.
 from __future__ import annotations
 
 from sentinel.eventlog import EventLog
-from sentinel.scoring.metrics import message_metrics, worker_metrics
+from sentinel.scoring.metrics import arl0, message_metrics, worker_metrics
+from sentinel.scoring.roc import roc_report
+
+
+def threshold_rule(scenario) -> dict | None:
+    """The scenario detector's threshold rule (`Detector.threshold_rule`), or None if it declares none."""
+    from sentinel.registry import DETECTORS
+
+    cls = DETECTORS.get(scenario.detector.name)
+    fn = getattr(cls, "threshold_rule", None)
+    return fn(scenario.detector.config) if fn is not None and scenario.detector.config is not None else None
+
+
+def clean_twin_metrics(clean: EventLog | None, steps: int) -> dict | None:
+    """The detector on the clean twin (same run, no attack): message FPR, false bans and ARL0."""
+    if clean is None or not len(clean.verdicts):
+        return None
+    m = message_metrics(clean)
+    return {
+        "fpr": m["fpr"], "fp": m["fp"], "checked": m["checked"],
+        "false_bans": len(clean.bans), "banned": [clean.workers[i] for i in clean.bans["worker"]],
+        **arl0(clean, steps),
+    }
+
+
+def confirmation_metrics(log: EventLog, malicious: list[str], recommended: dict, key: str) -> dict:
+    """The closed-loop run at the recommended threshold: its FPR beside the target, and what it caught."""
+    m, w = message_metrics(log), worker_metrics(log, malicious)
+    return {
+        "threshold_key": key, "threshold": recommended.get("threshold"), "target_fpr": recommended.get("target_fpr"),
+        "open_loop_fpr": recommended.get("fpr"), "fpr": m["fpr"], "precision": m["precision"],
+        "recall": m["recall"], "f1": m["f1"], "worker_f1": w["f1"], "false_bans": w["false_bans"],
+        "note": "closed loop differs from open loop: bans and dropped microbatches change the trajectory",
+    }
 
 
 def build_summary(
@@ -23,6 +56,7 @@ def build_summary(
     optimum_loss: float | None,
     impact: dict | None = None,
     sim_time_s: float | None = None,
+    clean: EventLog | None = None,
 ) -> dict:
     final = result["final_val_loss"]
     return {
@@ -42,7 +76,13 @@ def build_summary(
             "optimum_loss": optimum_loss,
             "excess_loss": None if optimum_loss is None else final - optimum_loss,
         },
-        "detection": {"messages": message_metrics(log), "workers": worker_metrics(log, malicious)},
+        "detection": {
+            "messages": message_metrics(log),
+            "workers": worker_metrics(log, malicious),
+            # per-statistic AUROC and the rule's recommended threshold; `curves` is moved to roc_curves.json
+            "roc": roc_report(log, threshold_rule(scenario), scenario.scoring.target_fpr, scenario.detector.mode),
+            "clean_twin": clean_twin_metrics(clean, scenario.training.steps),
+        },
         "impact": impact or {"clean_val_loss": None, "undefended_val_loss": None, "defended_val_loss": None},
         "transport": {"bytes_sent": int(bytes_sent), "messages": int(len(log.messages)), "sim_time_s": sim_time_s},
         "cost": {"wall_s": wall_s, "detector_s": detector_s},

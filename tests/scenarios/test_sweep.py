@@ -55,3 +55,30 @@ def test_bad_grid_is_rejected_before_anything_runs(tmp_path, capsys):
     assert main(["sweep", str(p), "--out", str(tmp_path / "o")]) == 2
     assert "training.lr: must be > 0, got -1.0" in capsys.readouterr().err
     assert not (tmp_path / "o" / "points").exists()
+
+
+def test_a_sweep_over_attacks_shares_one_clean_twin_and_prints_the_reference(tmp_path):
+    from sentinel.sweep import run_sweep
+
+    data = dict(TINY, training=dict(TINY["training"], steps=6, eval_every=3))
+    data["pipeline"] = dict(TINY["pipeline"], replicas=3)
+    data["detector"] = {"name": "sentinel", "warmup_steps": 2, "min_history": 4}
+    data["scoring"] = {"twins": ["clean", "undefended"]}
+    data["adversary"] = {"fraction": 0.34, "protect": ["first", "last"],
+                         "attacks": [{"name": "constant", "role": "activation", "start": 3}]}
+    data["sweep"] = {
+        "grid": {"adversary.attacks": [[{"name": "constant", "role": "activation", "start": 3}],
+                                       [{"name": "scaling", "role": "gradient", "start": 3, "alpha": -1.0}]]},
+        "reference": {"constant/activation": "F1 100%"},
+    }
+    p = tmp_path / "s.yaml"
+    p.write_text(yaml.safe_dump(data))
+    rows = run_sweep(p, tmp_path / "out", jobs=1)
+    assert [r["adversary.attacks"] for r in rows] == ["constant/activation", "scaling/gradient"]
+    assert [r["reference"] for r in rows] == ["F1 100%", ""]
+    assert len(list((tmp_path / "out" / "twins").glob("clean-*/events.npz"))) == 1  # trained once, shared
+    assert len(list((tmp_path / "out" / "twins").glob("undefended-*/events.npz"))) == 2
+    assert rows[0]["clean_val_loss"] == rows[1]["clean_val_loss"] and rows[0]["clean_fpr"] is not None
+    assert rows[0]["undefended_val_loss"] != rows[1]["undefended_val_loss"]
+    assert (tmp_path / "out" / "sweep.md").read_text().splitlines()[0].endswith("| reference |")
+    assert (tmp_path / "out" / "sweep_detection.png").is_file() and (tmp_path / "out" / "sweep_loss.png").is_file()

@@ -1,0 +1,176 @@
+"""Threshold evaluation from one run: ROC and precision-recall curves, AUROC, and a recommended threshold.
+
+Positives are tampered messages, negatives clean ones; contaminated-downstream messages (honest
+senders carrying upstream corruption) are left out, as in the message metrics. Everything here reads
+ground truth, so it lives in the scorer.
+
+Two views of a run's verdicts:
+
+- **per statistic**: every continuous score the detector logged (`score_<name>` columns, markers such
+  as `paused` or `integrity` excluded), over the messages where it is finite. Its AUROC says how well
+  that statistic alone separates tampered from clean traffic, at any threshold.
+- **the rule** (`rule`): the detector's own decision as a function of its threshold. A detector that
+  declares `threshold_rule(config)` (SENTINEL: flag <=> `exceedance` > `k`) gets its logged statistic
+  turned into a decision score: +inf for a message flagged whatever the threshold (NaN / Inf payloads,
+  replays), -inf for one it did not judge (warm-up, paused downstream of a
+  flag, honest-majority drift), the statistic otherwise; at the configured threshold this reproduces
+  the run's flags exactly. The recommended threshold is the smallest that keeps the clean-message FPR
+  at or below `scoring.target_fpr`.
+
+Open loop versus closed loop: in `open_loop` mode nothing is dropped or banned, so one run sees every
+message an attacker sends and the curve is the detector's, message by message. A closed-loop run at
+the recommended threshold differs: bans remove attackers (and their later messages), dropped
+microbatches change the training trajectory, and so the statistics themselves. The runner therefore
+confirms the recommendation with a closed-loop run and reports its FPR beside the target. A detector
+whose state depends on its threshold (flagged messages teach it nothing) is exact only where that
+dependence vanishes: SENTINEL learns only below its inner fence `k_learn`, so its curve is exact for
+every k >= k_learn; elsewhere (`exact_from: null`) the curve is exact at the configured threshold only.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from scipy.stats import rankdata
+
+from sentinel.eventlog import EventLog
+from sentinel.scoring.metrics import checked_messages
+
+MARKERS = frozenset({"paused", "integrity", "replay", "outlier", "shift", "certain"})  # flags, not statistics
+ALWAYS = ("integrity", "replay")  # flagged whatever the threshold (no statistic: the payload is unusable)
+NEVER = ("paused", "shift")  # not judged: never flagged whatever the threshold (k >= the exactness bound)
+CURVE_POINTS = 200  # points kept per saved curve
+
+
+def auroc(pos: np.ndarray, neg: np.ndarray) -> float | None:
+    """P(score of a random positive > that of a random negative), ties counted 1/2 (Mann-Whitney U)."""
+    if not len(pos) or not len(neg):
+        return None
+    ranks = rankdata(np.concatenate([pos, neg]))  # +-inf rank like any other value
+    u = ranks[: len(pos)].sum() - len(pos) * (len(pos) + 1) / 2.0
+    return float(u / (len(pos) * len(neg)))
+
+
+def curves(pos: np.ndarray, neg: np.ndarray) -> dict[str, np.ndarray]:
+    """Operating points "flag <=> score >= t" for every distinct score t, highest first.
+
+    Returns thresholds, fpr, tpr, precision (NaN where nothing is flagged) and recall (= tpr).
+    """
+    values = np.unique(np.concatenate([pos, neg]))[::-1]
+    # flagged at threshold t: scores >= t; counts by searchsorted on the sorted arrays
+    p_sorted, n_sorted = np.sort(pos), np.sort(neg)
+    tp = len(pos) - np.searchsorted(p_sorted, values, side="left")
+    fp = len(neg) - np.searchsorted(n_sorted, values, side="left")
+    with np.errstate(divide="ignore", invalid="ignore"):
+        precision = np.where(tp + fp > 0, tp / np.maximum(tp + fp, 1), np.nan)
+    tpr = tp / len(pos) if len(pos) else np.zeros(len(values))
+    fpr = fp / len(neg) if len(neg) else np.zeros(len(values))
+    return {"thresholds": values, "fpr": fpr, "tpr": tpr, "precision": precision, "recall": tpr}
+
+
+def average_precision(pos: np.ndarray, neg: np.ndarray) -> float | None:
+    """Area under the precision-recall step curve: sum over thresholds of (R_i - R_{i-1}) * P_i."""
+    if not len(pos):
+        return None
+    c = curves(pos, neg)
+    recall = np.concatenate([[0.0], c["recall"]])
+    return float(np.nansum(np.diff(recall) * c["precision"]))
+
+
+def recommend(pos: np.ndarray, neg: np.ndarray, target_fpr: float, lowest: float | None = None) -> dict:
+    """The smallest threshold k with FPR(flag <=> score > k) <= target_fpr, and its FPR and TPR.
+
+    With m = floor(target_fpr * negatives), k is the (m + 1)-th largest negative score: at most m
+    negatives lie strictly above it. `lowest` clamps k from below (where the curve stops being exact).
+    None when no threshold meets the target (more than m negatives are flagged whatever it is).
+    """
+    out: dict = {"target_fpr": target_fpr, "threshold": None, "fpr": None, "tpr": None, "note": None}
+    if not len(neg):
+        out["note"] = "no clean messages: the false-positive rate is undefined"
+        return out
+    m = int(np.floor(target_fpr * len(neg)))
+    desc = np.sort(neg)[::-1]
+    k = float(desc[m]) if m < len(desc) else -np.inf
+    if k == np.inf:
+        out["note"] = f"more than {m} clean messages are flagged whatever the threshold (integrity / replay flags)"
+        return out
+    if lowest is not None and k < lowest:
+        k = float(lowest)
+        out["note"] = f"clamped to {lowest:g}, below which the open-loop run does not predict the verdicts"
+    elif not np.isfinite(k):
+        k = float(np.max(neg[np.isfinite(neg)])) if np.isfinite(neg).any() else 0.0
+    out.update(threshold=k, fpr=float((neg > k).mean()), tpr=float((pos > k).mean()) if len(pos) else None)
+    return out
+
+
+def _downsample(c: dict[str, np.ndarray]) -> dict[str, list]:
+    n = len(c["thresholds"])
+    idx = np.unique(np.linspace(0, n - 1, min(n, CURVE_POINTS)).round().astype(int)) if n else np.array([], int)
+
+    def plain(a):
+        return [None if not np.isfinite(v) else float(v) for v in a[idx]]
+
+    return {k: plain(v) for k, v in c.items()}
+
+
+def rule_scores(c: dict[str, np.ndarray], v: dict[str, np.ndarray], rule: dict) -> np.ndarray:
+    """The decision score of every checked message under the detector's threshold rule (see module doc)."""
+    n = len(c["flagged"])
+    stat = v.get(f"score_{rule['statistic']}", np.full(n, np.nan)).astype(float)
+    flagged = c["flagged"]
+    out = stat.copy()
+
+    def marker(name):
+        col = v.get(f"score_{name}")
+        return np.zeros(n, dtype=bool) if col is None else np.nan_to_num(col.astype(float)) > 0
+
+    never = c["step"] < int(rule.get("warmup_steps") or 0)
+    for name in NEVER:
+        never |= marker(name)
+    always = np.zeros(n, dtype=bool)
+    for name in ALWAYS:
+        always |= marker(name)
+    value = rule["value"]
+    # consistency with the run: a flag the statistic does not explain was flagged whatever the threshold,
+    # a message above the threshold that was not flagged was not judged (e.g. too little history yet)
+    always |= flagged & ~(out > value)
+    never |= ~flagged & ~(out <= value)
+    out = np.where(never & ~always, -np.inf, out)
+    return np.where(always, np.inf, out)
+
+
+def roc_report(log: EventLog, rule: dict | None, target_fpr: float, mode: str) -> dict:
+    """`detection.roc`: per statistic {auroc, average_precision, positives, negatives} and the rule's
+    curve summary with the recommended threshold. Curves (downsampled) go under `curves` (kept out of
+    summary.json by the caller)."""
+    if not len(log.verdicts):
+        return {}
+    c = checked_messages(log)
+    v = log.verdicts.as_arrays()
+    keep = ~c["contaminated"]
+    pos_mask, neg_mask = keep & c["tampered"], keep & ~c["tampered"]
+    out: dict = {"mode": mode, "statistics": {}, "curves": {}}
+    for col in v:
+        if not col.startswith("score_") or col[len("score_"):] in MARKERS:
+            continue
+        name, s = col[len("score_"):], v[col].astype(float)
+        ok = ~np.isnan(s)
+        pos, neg = s[pos_mask & ok], s[neg_mask & ok]
+        out["statistics"][name] = {
+            "auroc": auroc(pos, neg), "average_precision": average_precision(pos, neg),
+            "positives": int(len(pos)), "negatives": int(len(neg)),
+        }
+        if len(pos) and len(neg):
+            out["curves"][name] = _downsample(curves(pos, neg))
+    if rule is not None:
+        s = rule_scores(c, v, rule)
+        pos, neg = s[pos_mask], s[neg_mask]
+        rec = recommend(pos, neg, target_fpr, rule.get("exact_from"))
+        out["rule"] = {
+            "statistic": rule["statistic"], "threshold_key": rule["key"], "configured": rule["value"],
+            "exact_from": rule.get("exact_from"), "auroc": auroc(pos, neg),
+            "average_precision": average_precision(pos, neg), "positives": int(len(pos)),
+            "negatives": int(len(neg)), "recommended": rec,
+        }
+        if len(pos) and len(neg):
+            out["curves"]["rule"] = _downsample(curves(pos, neg))
+    return out

@@ -1,0 +1,110 @@
+"""ROC / PR / threshold recommendation on hand-built values and EventLogs with known answers."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from sentinel.detectors import Verdict
+from sentinel.eventlog import EventLog
+from sentinel.scoring.roc import auroc, average_precision, curves, recommend, roc_report
+from sentinel.transport import Message, Role
+
+A = Role.ACTIVATION
+RULE = {"key": "k", "statistic": "e", "value": 4.0, "warmup_steps": 2, "exact_from": 2.5}
+
+
+def test_auroc_known_values_and_ties():
+    assert auroc(np.array([3.0, 4.0]), np.array([1.0, 2.0])) == 1.0
+    assert auroc(np.array([1.0, 2.0]), np.array([3.0, 4.0])) == 0.0
+    assert auroc(np.array([1.0]), np.array([1.0])) == 0.5  # a tie counts one half
+    assert auroc(np.array([2.0, 0.0]), np.array([1.0, 1.0])) == 0.5
+    assert auroc(np.array([np.inf]), np.array([-np.inf, 5.0])) == 1.0
+    assert auroc(np.array([]), np.array([1.0])) is None
+
+
+@given(st.lists(st.floats(-5, 5), min_size=1, max_size=30), st.lists(st.floats(-5, 5), min_size=1, max_size=30))
+@settings(max_examples=60, deadline=None)
+def test_auroc_is_the_pairwise_win_rate_and_the_area_under_the_curve(pos, neg):
+    pos, neg = np.array(pos), np.array(neg)
+    brute = np.mean([(p > n) + 0.5 * (p == n) for p in pos for n in neg])
+    assert auroc(pos, neg) == pytest.approx(brute)
+    c = curves(pos, neg)
+    fpr, tpr = np.concatenate([[0], c["fpr"]]), np.concatenate([[0], c["tpr"]])
+    assert fpr[-1] == 1.0 and tpr[-1] == 1.0 and (np.diff(fpr) >= 0).all() and (np.diff(tpr) >= 0).all()
+    assert np.trapezoid(tpr, fpr) == pytest.approx(brute)  # ties give the diagonal segment, area 1/2
+
+
+def test_average_precision_known_value():
+    # ranking: pos 3, neg 2, pos 1 -> precision 1 at recall 1/2, 2/3 at recall 1
+    assert average_precision(np.array([3.0, 1.0]), np.array([2.0])) == pytest.approx(0.5 * 1 + 0.5 * 2 / 3)
+
+
+def test_recommend_is_the_smallest_threshold_meeting_the_target():
+    neg = np.arange(100, dtype=float)  # 0..99
+    pos = np.array([50.0, 98.5, 120.0])
+    r = recommend(pos, neg, 0.05)  # at most 5 negatives strictly above: k = 94
+    assert r["threshold"] == 94.0 and r["fpr"] == 0.05 and r["tpr"] == pytest.approx(2 / 3)
+    assert recommend(pos, neg, 0.05, lowest=96.0)["threshold"] == 96.0  # clamped where the curve is inexact
+    r = recommend(pos, np.array([np.inf, np.inf, 1.0]), 0.01)  # clean messages flagged whatever k is
+    assert r["threshold"] is None and "whatever" in r["note"]
+    assert recommend(pos, np.array([]), 0.01)["threshold"] is None
+
+
+def _log(rows):
+    """rows: (step, sender, tampered, scores, flagged)."""
+    log = EventLog()
+    for i, (step, sender, tampered, scores, flagged) in enumerate(rows):
+        m = Message(step, i, 0, A, sender, "x", torch.zeros(1))
+        m.msg_id = log.next_message_id()
+        log.log_message(m)
+        if tampered:
+            log.log_tamper(m, "bias", 1.0)
+        log.log_verdict(m.msg_id, Verdict(scores, flagged))
+    return log
+
+
+def test_rule_scores_reproduce_the_run_and_handle_markers():
+    rows = [
+        (0, "a", False, {"e": 9.0}, False),  # warm-up: never judged
+        (5, "a", False, {"e": 1.0}, False),
+        (5, "a", False, {"e": 3.0}, False),
+        (5, "b", True, {"e": 7.0}, True),
+        (6, "b", True, {"integrity": 1.0}, True),  # no statistic: flagged whatever k
+        (6, "a", False, {"paused": 1.0}, False),  # paused: never judged
+        (6, "a", False, {"e": 6.0, "shift": 1.0}, False),  # honest-majority drift: accepted
+        (7, "b", True, {"e": 2.0}, False),  # a miss
+    ]
+    roc = roc_report(_log(rows), RULE, target_fpr=0.2, mode="open_loop")
+    rule = roc["rule"]
+    assert (rule["positives"], rule["negatives"]) == (3, 5)
+    # tampered scores (7, inf, 2) vs clean (-inf, 1, 3, -inf, -inf): 2 of 3 beat all, 2 beats 4 of 5
+    assert rule["auroc"] == pytest.approx((5 + 5 + 4) / 15)
+    assert rule["recommended"]["threshold"] == 2.5  # the 2nd largest clean score is 1 -> clamped to k_learn
+    assert rule["recommended"]["fpr"] == 0.2 and rule["recommended"]["tpr"] == pytest.approx(2 / 3)
+    assert set(roc["statistics"]) == {"e"}  # markers are not statistics
+    assert roc["statistics"]["e"]["positives"] == 2 and roc["statistics"]["e"]["negatives"] == 4
+
+
+def test_empty_logs_give_nothing_and_one_class_gives_no_auroc():
+    assert roc_report(EventLog(), RULE, 0.01, "open_loop") == {}
+    log = _log([(5, "a", False, {"e": 1.0}, False)])
+    roc = roc_report(log, RULE, 0.01, "closed_loop")
+    assert roc["statistics"]["e"]["auroc"] is None and roc["rule"]["recommended"]["threshold"] == 2.5
+
+
+def test_contaminated_downstream_messages_are_neither_positive_nor_negative():
+    log = EventLog()
+    for b, sender, tampered, e in ((0, "s0r0", True, 8.0), (1, "s1r0", False, 9.0), (0, "s0r1", False, 1.0)):
+        m = Message(5, 0 if sender != "s0r1" else 1, b, A, sender, "x", torch.zeros(1))
+        m.msg_id = log.next_message_id()
+        log.log_message(m)
+        if tampered:
+            log.log_tamper(m, "bias", 1.0)
+        log.log_verdict(m.msg_id, Verdict({"e": e}, e > 4))
+    roc = roc_report(log, RULE, 0.01, "open_loop")
+    assert (roc["rule"]["positives"], roc["rule"]["negatives"]) == (1, 1)  # the boundary-1 message is out
+    assert roc["rule"]["auroc"] == 1.0
