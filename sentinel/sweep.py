@@ -216,9 +216,13 @@ def plot_categorical(out_dir: Path, rows: list[dict], keys: list[str]) -> None:
             continue
         fig, ax = plt.subplots(figsize=(max(6.0, 0.55 * len(rows) + 2), 4.2))
         width = 0.8 / len(series)
+        low = np.inf
         for i, (metric, lab) in enumerate(series):
             vals = [np.nan if r.get(metric) is None else r[metric] for r in rows]
+            low = min(low, np.nanmin(vals))
             ax.bar(x + (i - (len(series) - 1) / 2) * width, vals, width, label=lab)
+        if fname == "sweep_loss.png" and np.isfinite(low):
+            ax.set_ylim(bottom=0.9 * low)  # losses differ by tenths: start the axis near them
         ax.set_xticks(x, names, rotation=60, ha="right", fontsize=7)
         ax.set_ylabel(ylabel)
         ax.set_title(f"{title} per {', '.join(keys)}")
