@@ -186,6 +186,8 @@ def run(scenario: Scenario, out_dir: Path, progress: bool | None = None, backend
         clean=twins.get("clean"),
     )
     summary["transport"].update(net)  # simulated clock: sim_tokens_per_s, dp_bytes_sent, ... (network.py)
+    detector = getattr(engine.transport.verifier, "detector", None)
+    summary["cost"]["recomputed_messages"] = int(getattr(detector, "checked", 0))  # duplication-style detectors
     log.save(out_dir)
     confirm = confirm_scenario(scenario, summary)
     if confirm is not None:  # open loop: confirm the recommended threshold in closed loop

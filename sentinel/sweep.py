@@ -112,7 +112,33 @@ def run_sweep(path: str | Path, out_dir: Path, overrides: list[str] = (), jobs: 
                 print(f"[sweep] {done + i}/{len(points)} done: {Path(fut.result()).name}", file=sys.stderr)
     rows = collect(out_dir, points, dict(base.sweep.reference))
     write_tables(out_dir, rows, list(points[0]) + (["reference"] if base.sweep.reference else []))
+    write_report(out_dir, base, list(overrides), len(points))
     return rows
+
+
+def write_report(out_dir: Path, base: scenario_mod.Scenario, overrides: list[str], points: int) -> None:
+    """report.md of the sweep: what ran (the base scenario after overrides), the table, the figures."""
+    import yaml
+
+    figures = sorted(p.name for p in out_dir.glob("sweep_*.png"))
+    lines = [
+        f"# Sweep report: {base.name}",
+        "",
+        f"{points} grid points over {', '.join(base.sweep.grid)}"
+        + (f"; overrides: {' '.join(overrides)}" if overrides else "") + ". One result folder per point in "
+        "`points/` (each with its own report.md); twins shared by identical points in `twins/`.",
+        "",
+        (out_dir / "sweep.md").read_text().rstrip(),
+        "",
+        *[f"![{Path(f).stem}]({f})" for f in figures],
+        "",
+        "## Base scenario (as run, after overrides)",
+        "",
+        "```yaml",
+        yaml.safe_dump(base.to_dict(), sort_keys=False).rstrip(),
+        "```",
+    ]
+    (out_dir / "report.md").write_text("\n".join(lines) + "\n")
 
 
 def _get(d: dict, path: tuple[str, ...]) -> Any:

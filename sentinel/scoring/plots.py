@@ -57,8 +57,9 @@ def loss_curves(
     plt.close(fig)
 
 
-def detection_plots(log: EventLog, out_dir: Path) -> list[str]:
-    """Score timelines (tampered vs clean, with fences when logged) and steps-to-ban histogram."""
+def detection_plots(log: EventLog, out_dir: Path, thresholds: dict[str, float] | None = None) -> list[str]:
+    """Score timelines (tampered vs clean, with the rule's threshold and fences when logged) and the
+    steps-to-ban histogram."""
     out: list[str] = []
     if not len(log.verdicts):
         return out
@@ -77,6 +78,9 @@ def detection_plots(log: EventLog, out_dir: Path) -> list[str]:
             ):
                 if mask.any():
                     ax.scatter(c["step"][mask], score[mask], s=3, alpha=0.5, color=color, label=label)
+            if name in (thresholds or {}):
+                ax.axhline(thresholds[name], color="r", lw=0.8, ls="--", label=f"flag above {thresholds[name]:g}")
+                ax.legend(fontsize=6, loc="upper left")
             if f"fence_{name}" in v:
                 order = np.argsort(c["step"], kind="stable")
                 ax.plot(c["step"][order], v[f"fence_{name}"][order], lw=0.6, color="k", alpha=0.5, label="fence")

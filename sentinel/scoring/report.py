@@ -42,8 +42,11 @@ def finish(out_dir: Path, log: EventLog, summary: dict) -> dict:
     plots.loss_curves(
         log, out_dir / "loss.png", f"{summary['scenario']}: loss", summary["training"]["optimum_loss"], twins=twins
     )
-    extra = plots.detection_plots(log, out_dir) + plots.roc_plots(roc, curves, out_dir)
-    (out_dir / "report.md").write_text(report_md(summary, extra))
+    rule = roc.get("rule") or {}
+    extra = plots.detection_plots(log, out_dir, {rule["statistic"]: rule["configured"]} if rule else None)
+    extra += plots.roc_plots(roc, curves, out_dir)
+    as_run = out_dir / "scenario.yaml"
+    (out_dir / "report.md").write_text(report_md(summary, extra, as_run.read_text() if as_run.is_file() else None))
     write_json_atomic(out_dir / "summary.json", summary)
     return summary
 
@@ -82,6 +85,7 @@ def rebuild(out_dir: Path) -> dict:
         clean=twins.get("clean"),
     )
     summary["transport"].update(meta.get("transport", {}))  # the simulated clock's figures (runner.run)
+    summary["cost"]["recomputed_messages"] = old.get("cost", {}).get("recomputed_messages", 0)
     rule = (summary["detection"].get("roc") or {}).get("rule")
     if rule and (out_dir / "confirm" / "events.npz").is_file():
         c = EventLog.load(out_dir / "confirm")
@@ -94,7 +98,7 @@ def _f(v, fmt=".4f") -> str:
     return "n/a" if v is None else format(v, fmt)
 
 
-def report_md(summary: dict, figures: list[str] = ()) -> str:
+def report_md(summary: dict, figures: list[str] = (), scenario_yaml: str | None = None) -> str:
     t, w, d = summary["training"], summary["workers"], summary["detection"]
     m, wk, imp = d["messages"], d["workers"], summary["impact"]
     lines = [
@@ -105,7 +109,9 @@ def report_md(summary: dict, figures: list[str] = ()) -> str:
         f"- validation loss {_f(t['initial_val_loss'])} -> {_f(t['final_val_loss'])} after {t['steps']} steps"
         + (f" (optimum {_f(t['optimum_loss'])}, excess {_f(t['excess_loss'])})" if t.get("optimum_loss") else ""),
         f"- bytes on the wire: {summary['transport']['bytes_sent']:,}; wall time {summary['cost']['wall_s']:.1f} s "
-        f"(detector {summary['cost']['detector_s']:.2f} s)",
+        f"(detector {summary['cost']['detector_s']:.2f} s"
+        + (f", {summary['cost']['recomputed_messages']:,} messages recomputed" if summary["cost"].get("recomputed_messages")
+           else "") + ")",
         *([f"- simulated clock ({summary['transport'].get('network_preset')} network): "
            f"{summary['transport']['sim_time_s']:.1f} s, {_f(summary['transport'].get('sim_tokens_per_s'), ',.0f')} "
            "tokens/s"] if summary["transport"].get("sim_time_s") else []),
@@ -145,6 +151,8 @@ def report_md(summary: dict, figures: list[str] = ()) -> str:
         lines.append("")
     lines += ["## Figures", "", "![loss curves](loss.png)", ""]
     lines += [f"![{Path(f).stem}]({f})" for f in figures]
+    if scenario_yaml:
+        lines += ["", "## Scenario (as run, after overrides)", "", "```yaml", scenario_yaml.rstrip(), "```"]
     return "\n".join(lines) + "\n"
 
 

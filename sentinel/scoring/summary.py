@@ -85,5 +85,5 @@ def build_summary(
         },
         "impact": impact or {"clean_val_loss": None, "undefended_val_loss": None, "defended_val_loss": None},
         "transport": {"bytes_sent": int(bytes_sent), "messages": int(len(log.messages)), "sim_time_s": sim_time_s},
-        "cost": {"wall_s": wall_s, "detector_s": detector_s},
+        "cost": {"wall_s": wall_s, "detector_s": detector_s, "detector_share": detector_s / wall_s if wall_s else None},
     }

@@ -80,5 +80,7 @@ def test_a_sweep_over_attacks_shares_one_clean_twin_and_prints_the_reference(tmp
     assert len(list((tmp_path / "out" / "twins").glob("undefended-*/events.npz"))) == 2
     assert rows[0]["clean_val_loss"] == rows[1]["clean_val_loss"] and rows[0]["clean_fpr"] is not None
     assert rows[0]["undefended_val_loss"] != rows[1]["undefended_val_loss"]
-    assert (tmp_path / "out" / "sweep.md").read_text().splitlines()[0].endswith("| reference |")
+    assert " reference |" in (tmp_path / "out" / "sweep.md").read_text().splitlines()[0]
     assert (tmp_path / "out" / "sweep_detection.png").is_file() and (tmp_path / "out" / "sweep_loss.png").is_file()
+    report = (tmp_path / "out" / "report.md").read_text()
+    assert "![sweep_loss](sweep_loss.png)" in report and "constant/activation" in report and "```yaml" in report
