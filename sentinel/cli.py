@@ -161,7 +161,7 @@ def make_parser() -> argparse.ArgumentParser:
     sw.add_argument("scenario")
     sw.add_argument("--out", help="sweep folder (default: runs/NAME-sweep-TIMESTAMP); rerun it to resume")
     sw.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
-    sw.add_argument("--jobs", type=int, default=None, help="parallel processes (default: cores / 2)")
+    sw.add_argument("--jobs", type=int, default=None, help="parallel processes, one thread each (default: one per core)")
     sw.set_defaults(fn=cmd_sweep)
     rp = sub.add_parser("report", help="rebuild summary and report of saved result folders; combine several")
     rp.add_argument("dirs", nargs="+")

@@ -169,6 +169,9 @@ class AdversaryConfig:
 class DetectorSpec(PluginSpec):
     PLUGIN_KIND: ClassVar[str] = "detectors"
     mode: Literal["closed_loop", "open_loop"] = spec("closed_loop", help="open_loop records scores, never acts")
+    view: Literal["decoded", "wire"] = spec(
+        "decoded", help="what the detector reads: the decoded tensor, or the codec's compressed representation "
+        "(quantization codes, top-k values, kept mask entries, subspace coefficients; see Codec.wire_view)")
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -235,6 +238,20 @@ CROSS_CHECKS: list = []
 def cross_check(fn):
     CROSS_CHECKS.append(fn)
     return fn
+
+
+@cross_check
+def _wire_view(sc: Scenario) -> list[tuple[str, str]]:
+    """A recomputing detector compares with the decoded recomputation: it needs the decoded view."""
+    if sc.detector.view != "wire":
+        return []
+    from sentinel.detectors.recompute import Duplication
+    from sentinel.registry import DETECTORS
+
+    if issubclass(DETECTORS.get(sc.detector.name), Duplication):
+        return [("detector.view", f"{sc.detector.name} compares a message with its trusted recomputation, which "
+                 "is a decoded tensor: use view: decoded")]
+    return []
 
 
 @cross_check

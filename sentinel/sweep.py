@@ -99,7 +99,7 @@ def run_sweep(path: str | Path, out_dir: Path, overrides: list[str] = (), jobs: 
     done = len(points) - len(todo)
     if done:
         print(f"[sweep] {done}/{len(points)} points already finished; resuming", file=sys.stderr)
-    jobs = jobs or max(1, min(len(todo), (os.cpu_count() or 1) // 2 or 1))
+    jobs = jobs or max(1, min(len(todo), os.cpu_count() or 1))  # small models: processes beat threads
     threads = max(1, (os.cpu_count() or 1) // jobs)
     if jobs == 1:
         for i, (p, d) in enumerate(todo, 1):

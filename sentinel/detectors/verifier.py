@@ -13,7 +13,12 @@ not depend on the detector:
   gradient, all computed from it), so its checks are paused: the detector neither judges nor learns
   from it, and honest downstream workers are not blamed. Its verdict is unflagged with
   `score_paused = 1` (the scorer can report these as contaminated-downstream traffic);
-- the read-only views a white-box adversary may use: `public_state()` and a pure `scores()`.
+- the read-only views a white-box adversary may use: `public_state()` and a pure `scores()`;
+- `view: wire` (scenario `detector.view`): the detector reads the codec's compressed representation
+  (`msg.meta["wire_view"]`, see `Codec.wire_view`) instead of the decoded tensor. Integrity (shape,
+  finiteness) is still checked on the decoded tensor. A view that is a flat vector (top-k values, kept
+  mask entries: their positions change from message to message) is read as a bag of values, one
+  feature each, so only distributional statistics compare across messages.
 
 A detector that makes a full pass over the payload anyway may declare `checks_payload = True` and do
 the finiteness and replay checks itself from that pass (SENTINEL does, from its signature), with the
@@ -22,6 +27,8 @@ the EventLog's ground truth.
 """
 
 from __future__ import annotations
+
+import dataclasses
 
 import torch
 
@@ -39,8 +46,8 @@ class Verifier:
     """Integrity checks and cascade suppression around one detector."""
 
     def __init__(self, detector: Detector, *, mode: str = "closed_loop", payload_shape: tuple[int, ...] | None = None,
-                 seed: int = 0):
-        self.detector, self.mode, self.payload_shape = detector, mode, payload_shape
+                 seed: int = 0, view: str = "decoded"):
+        self.detector, self.mode, self.payload_shape, self.view = detector, mode, payload_shape, view
         self.replays = ReplayMemory()
         self._fingerprint = Fingerprint(seed)
         self._own_checks = getattr(detector, "checks_payload", False)  # the detector checks NaN / replays itself
@@ -66,16 +73,24 @@ class Verifier:
             self._step, self._flagged_mbs = msg.step, set()
         if msg.mb_idx in self._flagged_mbs:
             return PAUSED
-        if not self.integrity_ok(msg.payload, shape_only=self._own_checks):
+        if self.view == "wire" and msg.meta.get("wire_view") is not None:
+            if not self.integrity_ok(msg.payload):  # the decoded tensor: shape and finiteness
+                verdict = CORRUPT
+            else:
+                verdict = self._judge(wire_message(msg))
+        elif not self.integrity_ok(msg.payload, shape_only=self._own_checks):
             verdict = CORRUPT
-        elif not self._own_checks and self.replays.seen_before(self._fingerprint(msg.payload), msg.step):
-            verdict = REPLAYED
         else:
-            verdict = self.detector.observe(msg)
+            verdict = self._judge(msg)
         if verdict.flagged:
             self._flagged_mbs.add(msg.mb_idx)
             self.flagged_mbs_total += 1
         return verdict
+
+    def _judge(self, msg: Message) -> Verdict:
+        if not self._own_checks and self.replays.seen_before(self._fingerprint(msg.payload), msg.step):
+            return REPLAYED
+        return self.detector.observe(msg)
 
     # read-only views (a white-box adversary may use these; they never reveal a future verdict)
     def public_state(self) -> dict:
@@ -114,6 +129,15 @@ class DetectorView:
         return self._detector.public_state()
 
 
+def wire_message(msg: Message) -> Message:
+    """The message as `view: wire` shows it: the payload replaced by the codec's wire view (a flat vector
+    becomes a column, values as tokens of one feature)."""
+    view = msg.meta["wire_view"].float()
+    if view.dim() == 1:
+        view = view.unsqueeze(-1)
+    return dataclasses.replace(msg, payload=view)
+
+
 def payload_shape(scenario) -> tuple[int, int, int]:
     """The shape of every honest boundary tensor: (batch_size, seq_len, dim)."""
     return (scenario.data.batch_size, scenario.model.seq_len, scenario.model.dim)
@@ -137,5 +161,6 @@ def build(scenario, engine):
     spec = scenario.detector
     cls = DETECTORS.get(spec.name)
     detector = cls(spec.config, seed=scenario.seed, env=make_env(scenario, engine))
-    verifier = Verifier(detector, mode=spec.mode, payload_shape=payload_shape(scenario), seed=scenario.seed)
+    verifier = Verifier(detector, mode=spec.mode, payload_shape=payload_shape(scenario), seed=scenario.seed,
+                        view=spec.view)
     return verifier, Responder(scenario.response, engine, verifier, mode=spec.mode)

@@ -175,3 +175,37 @@ def test_ground_truth_is_never_touched_while_verifying(tiny_scenario):
     verifier.observe = guarded
     engine.run()
     assert len(log.ground_truth) > 0 and len(log.verdicts) > 0
+
+
+def test_wire_view_shows_the_detector_the_compressed_representation():
+    """`detector.view: wire`: the detector reads msg.meta["wire_view"]; integrity is checked on the decoded tensor."""
+
+    class Shapes(Detector):
+        def __init__(self):
+            super().__init__()
+            self.shapes = []
+
+        def observe(self, msg):
+            self.shapes.append(tuple(msg.payload.shape))
+            return Verdict({}, False)
+
+    det = Shapes()
+    v = Verifier(det, payload_shape=SHAPE, view="wire")
+    codes = m(0, 0, 1, Role.ACTIVATION)
+    codes.meta["wire_view"] = torch.arange(5.0)  # e.g. top-k values: a flat vector
+    assert not v.observe(codes).flagged and det.shapes == [(5, 1)]  # a bag of values, one feature each
+    plain = m(0, 1, 1, Role.ACTIVATION)  # no wire view (no codec on this message): the decoded tensor
+    v.observe(plain)
+    assert det.shapes[-1] == SHAPE
+    bad = m(0, 2, 1, Role.ACTIVATION)
+    bad.payload[0, 0, 0] = float("nan")
+    bad.meta["wire_view"] = torch.ones(3)  # a clean-looking wire view cannot hide a corrupt decoded tensor
+    assert v.observe(bad).scores == {"integrity": 1.0} and len(det.shapes) == 2
+
+
+def test_wire_view_is_rejected_for_recomputing_detectors(tiny_scenario):
+    from sentinel.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="detector.view: duplication compares"):
+        tiny_scenario("detector.name=duplication", "detector.view=wire")
+    tiny_scenario("detector.name=sentinel", "detector.view=wire")
