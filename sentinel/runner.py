@@ -197,7 +197,8 @@ def run(scenario: Scenario, out_dir: Path, progress: bool | None = None, backend
         (out_dir / "confirm" / "scenario.yaml").write_text(yaml.safe_dump(confirm.to_dict(), sort_keys=False))
         rule = summary["detection"]["roc"]["rule"]
         summary["detection"]["roc"]["confirmation"] = confirmation_metrics(
-            c_engine.log, malicious_workers(c_engine), rule["recommended"], rule["threshold_key"])
+            c_engine.log, malicious_workers(c_engine), rule["recommended"], rule["threshold_key"],
+            rule["recommended"]["threshold"])
     return finish(out_dir, log, summary)
 
 

@@ -89,8 +89,9 @@ def rebuild(out_dir: Path) -> dict:
     rule = (summary["detection"].get("roc") or {}).get("rule")
     if rule and (out_dir / "confirm" / "events.npz").is_file():
         c = EventLog.load(out_dir / "confirm")
+        used = yaml.safe_load((out_dir / "confirm" / "scenario.yaml").read_text())["detector"][rule["threshold_key"]]
         summary["detection"]["roc"]["confirmation"] = confirmation_metrics(
-            c, c.meta.get("malicious", []), rule["recommended"], rule["threshold_key"])
+            c, c.meta.get("malicious", []), rule["recommended"], rule["threshold_key"], used)
     return finish(out_dir, log, summary)
 
 
@@ -170,6 +171,11 @@ def roc_md(roc: dict) -> list[str]:
         rows = {f"**rule: {roc['rule']['statistic']} > {roc['rule']['threshold_key']}**": roc["rule"], **rows}
     lines += [f"| {k} | {_f(v['auroc'], '.3f')} | {_f(v['average_precision'], '.3f')} | {v['positives']} | "
               f"{v['negatives']} |" for k, v in rows.items()]
+    paused = roc.get("paused") or {}
+    if any(paused.values()):
+        lines.append(f"\nMessages paused downstream of a flag in their microbatch (never judged) are left out: "
+                     f"{paused['tampered']} tampered, {paused['clean']} clean (message metrics count the tampered "
+                     "ones as missed).")
     lines.append("")
     rule = roc.get("rule")
     if rule:
@@ -177,8 +183,9 @@ def roc_md(roc: dict) -> list[str]:
         if rec["threshold"] is not None:
             lines.append(
                 f"Recommended `{rule['threshold_key']}` = {rec['threshold']:.4g} for target FPR {rec['target_fpr']:g}: "
-                f"FPR {_f(rec['fpr'], '.4f')}, TPR {_f(rec['tpr'], '.3f')} in this run (configured: "
-                f"{rule['configured']:g})." + (f" {rec['note']}." if rec.get("note") else ""))
+                f"FPR {_f(rec['fpr'], '.4f')} on the {'clean twin' if rec.get('negatives_from') == 'clean_twin' else 'clean messages of this run'}, "
+                f"TPR {_f(rec['tpr'], '.3f')} in this run (configured: {rule['configured']:g})."
+                + (f" {rec['note']}." if rec.get("note") else ""))
         else:
             lines.append(f"No threshold meets target FPR {rec['target_fpr']:g}: {rec['note']}.")
         conf = roc.get("confirmation")

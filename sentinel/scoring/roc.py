@@ -1,7 +1,10 @@
 """Threshold evaluation from one run: ROC and precision-recall curves, AUROC, and a recommended threshold.
 
 Positives are tampered messages, negatives clean ones; contaminated-downstream messages (honest
-senders carrying upstream corruption) are left out, as in the message metrics. Everything here reads
+senders carrying upstream corruption) are left out, as in the message metrics, and so are messages the
+verifier paused (later messages of a microbatch already flagged upstream: never judged, and in closed
+loop dropped with their microbatch whatever they carry). The message metrics count a paused tampered
+message as missed; the curves here describe the messages the detector judged. Everything here reads
 ground truth, so it lives in the scorer.
 
 Two views of a run's verdicts:
@@ -138,17 +141,31 @@ def rule_scores(c: dict[str, np.ndarray], v: dict[str, np.ndarray], rule: dict) 
     return np.where(always, np.inf, out)
 
 
-def roc_report(log: EventLog, rule: dict | None, target_fpr: float, mode: str) -> dict:
+def _paused(v: dict[str, np.ndarray]) -> np.ndarray:
+    col = v.get("score_paused")
+    return np.zeros(len(v["flagged"]), dtype=bool) if col is None else np.nan_to_num(col.astype(float)) > 0
+
+
+def roc_report(log: EventLog, rule: dict | None, target_fpr: float, mode: str, clean: EventLog | None = None) -> dict:
     """`detection.roc`: per statistic {auroc, average_precision, positives, negatives} and the rule's
     curve summary with the recommended threshold. Curves (downsampled) go under `curves` (kept out of
-    summary.json by the caller)."""
+    summary.json by the caller).
+
+    With a clean twin that ran the same detector (`clean`), the recommended threshold is set on the
+    twin's honest traffic (`negatives_from: clean_twin`): in an attacked open-loop run nothing stops
+    the attack, so a damaging one drags the whole model, and with it the honest senders' statistics,
+    far from anything a defended run sees. The in-run curve and AUROC are reported either way.
+    """
     if not len(log.verdicts):
         return {}
     c = checked_messages(log)
     v = log.verdicts.as_arrays()
-    keep = ~c["contaminated"]
+    paused = _paused(v)
+    keep = ~c["contaminated"] & ~paused
     pos_mask, neg_mask = keep & c["tampered"], keep & ~c["tampered"]
-    out: dict = {"mode": mode, "statistics": {}, "curves": {}}
+    out: dict = {"mode": mode, "paused": {"tampered": int((paused & c["tampered"]).sum()),
+                                         "clean": int((paused & ~c["tampered"] & ~c["contaminated"]).sum())},
+                 "statistics": {}, "curves": {}}
     for col in v:
         if not col.startswith("score_") or col[len("score_"):] in MARKERS:
             continue
@@ -164,13 +181,23 @@ def roc_report(log: EventLog, rule: dict | None, target_fpr: float, mode: str) -
     if rule is not None:
         s = rule_scores(c, v, rule)
         pos, neg = s[pos_mask], s[neg_mask]
-        rec = recommend(pos, neg, target_fpr, rule.get("exact_from"))
+        twin = None
+        if clean is not None and len(clean.verdicts):
+            cc = checked_messages(clean)
+            cv = clean.verdicts.as_arrays()
+            twin = rule_scores(cc, cv, rule)[~cc["tampered"] & ~cc["contaminated"] & ~_paused(cv)]
+        rec = recommend(pos, neg if twin is None else twin, target_fpr, rule.get("exact_from"))
+        rec["negatives_from"] = "this run" if twin is None else "clean_twin"
         out["rule"] = {
             "statistic": rule["statistic"], "threshold_key": rule["key"], "configured": rule["value"],
             "exact_from": rule.get("exact_from"), "auroc": auroc(pos, neg),
             "average_precision": average_precision(pos, neg), "positives": int(len(pos)),
             "negatives": int(len(neg)), "recommended": rec,
         }
+        if twin is not None:
+            out["rule"]["auroc_vs_clean_twin"] = auroc(pos, twin)
+            rec["fpr_this_run"] = float((neg > rec["threshold"]).mean()) if rec["threshold"] is not None and len(
+                neg) else None
         if len(pos) and len(neg):
             out["curves"]["rule"] = _downsample(curves(pos, neg))
     return out

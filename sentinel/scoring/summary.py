@@ -32,11 +32,11 @@ def clean_twin_metrics(clean: EventLog | None, steps: int) -> dict | None:
     }
 
 
-def confirmation_metrics(log: EventLog, malicious: list[str], recommended: dict, key: str) -> dict:
-    """The closed-loop run at the recommended threshold: its FPR beside the target, and what it caught."""
+def confirmation_metrics(log: EventLog, malicious: list[str], recommended: dict, key: str, threshold: float) -> dict:
+    """The closed-loop run at `threshold` (the recommendation it was run at): its FPR beside the target."""
     m, w = message_metrics(log), worker_metrics(log, malicious)
     return {
-        "threshold_key": key, "threshold": recommended.get("threshold"), "target_fpr": recommended.get("target_fpr"),
+        "threshold_key": key, "threshold": threshold, "target_fpr": recommended.get("target_fpr"),
         "open_loop_fpr": recommended.get("fpr"), "fpr": m["fpr"], "precision": m["precision"],
         "recall": m["recall"], "f1": m["f1"], "worker_f1": w["f1"], "false_bans": w["false_bans"],
         "note": "closed loop differs from open loop: bans and dropped microbatches change the trajectory",
@@ -80,7 +80,8 @@ def build_summary(
             "messages": message_metrics(log),
             "workers": worker_metrics(log, malicious),
             # per-statistic AUROC and the rule's recommended threshold; `curves` is moved to roc_curves.json
-            "roc": roc_report(log, threshold_rule(scenario), scenario.scoring.target_fpr, scenario.detector.mode),
+            "roc": roc_report(log, threshold_rule(scenario), scenario.scoring.target_fpr, scenario.detector.mode,
+                              clean),
             "clean_twin": clean_twin_metrics(clean, scenario.training.steps),
         },
         "impact": impact or {"clean_val_loss": None, "undefended_val_loss": None, "defended_val_loss": None},

@@ -80,11 +80,13 @@ def test_rule_scores_reproduce_the_run_and_handle_markers():
     ]
     roc = roc_report(_log(rows), RULE, target_fpr=0.2, mode="open_loop")
     rule = roc["rule"]
-    assert (rule["positives"], rule["negatives"]) == (3, 5)
-    # tampered scores (7, inf, 2) vs clean (-inf, 1, 3, -inf, -inf): 2 of 3 beat all, 2 beats 4 of 5
-    assert rule["auroc"] == pytest.approx((5 + 5 + 4) / 15)
-    assert rule["recommended"]["threshold"] == 2.5  # the 2nd largest clean score is 1 -> clamped to k_learn
-    assert rule["recommended"]["fpr"] == 0.2 and rule["recommended"]["tpr"] == pytest.approx(2 / 3)
+    assert (rule["positives"], rule["negatives"]) == (3, 4) and roc["paused"] == {"tampered": 0, "clean": 1}
+    # tampered scores (7, inf, 2) vs clean (-inf, 1, 3, -inf): 2 of 3 beat all, 2 beats 3 of 4
+    assert rule["auroc"] == pytest.approx((4 + 4 + 3) / 12)
+    assert rule["recommended"]["threshold"] == 3.0  # m = floor(0.2 * 4) = 0 clean messages may lie above
+    assert rule["recommended"]["fpr"] == 0.0 and rule["recommended"]["tpr"] == pytest.approx(2 / 3)
+    low = roc_report(_log(rows), RULE, target_fpr=0.5, mode="open_loop")["rule"]["recommended"]
+    assert low["threshold"] == 2.5 and "clamped" in low["note"]  # the 3rd largest clean score, 1, is below k_learn
     assert set(roc["statistics"]) == {"e"}  # markers are not statistics
     assert roc["statistics"]["e"]["positives"] == 2 and roc["statistics"]["e"]["negatives"] == 4
 
@@ -108,3 +110,13 @@ def test_contaminated_downstream_messages_are_neither_positive_nor_negative():
     roc = roc_report(log, RULE, 0.01, "open_loop")
     assert (roc["rule"]["positives"], roc["rule"]["negatives"]) == (1, 1)  # the boundary-1 message is out
     assert roc["rule"]["auroc"] == 1.0
+
+
+def test_with_a_clean_twin_the_threshold_is_set_on_its_honest_traffic():
+    attacked = _log([(5, "a", False, {"e": 50.0}, True), (5, "b", True, {"e": 60.0}, True),
+                     (6, "a", False, {"e": 1.0}, False), (6, "b", True, {"e": 8.0}, True)])
+    clean = _log([(5, "a", False, {"e": v}, v > 4) for v in (1.0, 2.0, 3.0, 3.5)])
+    rule = roc_report(attacked, RULE, 0.2, "open_loop", clean)["rule"]
+    rec = rule["recommended"]
+    assert rec["negatives_from"] == "clean_twin" and rec["threshold"] == 3.5 and rec["fpr"] == 0.0  # 1 of 4 > 0.2
+    assert rec["tpr"] == 1.0 and rec["fpr_this_run"] == 0.5 and rule["auroc_vs_clean_twin"] == 1.0
