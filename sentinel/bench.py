@@ -6,6 +6,7 @@ the same process is a figure. Each benchmark returns a dict merged into the prin
 
 from __future__ import annotations
 
+import os
 import statistics
 import time
 from collections.abc import Callable
@@ -67,12 +68,18 @@ def time_steps(trainer, steps: int) -> float:
     return (time.perf_counter() - t0) / steps
 
 
-def alternate(factories: dict[str, Callable[[], object]], reps: int, steps: int) -> dict[str, float]:
-    """Median seconds per step of each trainer, timed in alternation to share the machine's noise."""
+def alternate(factories: dict[str, Callable[[], object]], reps: int, steps: int,
+              after: Callable[[str, object, float], None] | None = None) -> dict[str, float]:
+    """Median seconds per step of each trainer, timed in alternation to share the machine's noise.
+
+    `after(name, trainer, seconds_per_step)`, if given, sees each trainer once it has been timed."""
     times: dict[str, list[float]] = {k: [] for k in factories}
     for _ in range(reps):
         for name, make in factories.items():
-            times[name].append(time_steps(make(), steps))
+            trainer = make()
+            times[name].append(time_steps(trainer, steps))
+            if after is not None:
+                after(name, trainer, times[name][-1])
     return {k: statistics.median(v) for k, v in times.items()}
 
 
@@ -116,23 +123,52 @@ def scale_cost_ratio(quick: bool) -> dict:
 def detector_overhead(quick: bool) -> dict:
     """Wall time per step with SENTINEL (closed loop, default config) over no detector; duplication beside it.
 
-    Same engine scenario, same data; the detector runs at every boundary message. No attack, so the
-    two runs do the same training work and the ratio is the verifier's cost.
+    Same engine scenario, same data; the detector runs at every boundary message. No attack, and
+    `on_flag: accept`: verdicts, strikes and peer tests all run as usual, but a false positive does not
+    drop its microbatch (which would remove training work and make the detector look cheaper than free),
+    so the runs do the same training work and the ratio is the verifier's and responder's cost. The
+    figure is the median over repetitions of the ratio of the two runs timed one after the other
+    (paired, which cancels the machine's slow drifts); the detail gives the ratio of the medians too,
+    the seconds per step spent inside the verifier (`Transport.verifier_s`: an overhead well above
+    that share means the verifier slows the training itself, e.g. threads fighting over the cores), and
+    the 1-minute load average before and after: other processes inflate every figure, and the ratios
+    with them.
+
+    Duplication's expected cost: a trusted recomputation of every message is one stage forward per
+    activation and one stage forward plus an input-gradient backward per gradient, i.e. about 9 of the
+    12 forward-equivalents a 4-stage step costs (F + 2F backward per stage): ~1.75x.
     """
     from sentinel.runner import build_engine
 
-    base = load_bench("engine")
-    sentinel_sc = load_bench("engine", "detector.name=sentinel", "detector.warmup_steps=1")
-    dup_sc = load_bench("engine", "detector.name=duplication")
-    t = alternate(
-        {"none": lambda: build_engine(base), "sentinel": lambda: build_engine(sentinel_sc),
-         "duplication": lambda: build_engine(dup_sc)},
-        reps=2 if quick else 5, steps=3 if quick else 8,
-    )
+    accept = "response.on_flag=accept"
+    configs = {
+        "none": load_bench("engine"),
+        "sentinel": load_bench("engine", "detector.name=sentinel", "detector.warmup_steps=1", accept),
+        "duplication": load_bench("engine", "detector.name=duplication", accept),
+    }
+    reps, steps = (2, 3) if quick else (7, 8)
+    times: dict[str, list[float]] = {k: [] for k in configs}
+    verifier_s: dict[str, list[float]] = {k: [] for k in configs}
+
+    def record(name: str, engine, s_per_step: float) -> None:
+        times[name].append(s_per_step)
+        verifier_s[name].append(engine.transport.verifier_s / (steps + 1))  # the warm-up step and the timed ones
+
+    def paired(name: str) -> float:
+        return statistics.median(a / b for a, b in zip(times[name], times["none"]))
+
+    load_before = os.getloadavg()[0]
+    t = alternate({k: (lambda sc=sc: build_engine(sc)) for k, sc in configs.items()}, reps=reps, steps=steps,
+                  after=record)
     return {
-        "detector_overhead": t["sentinel"] / t["none"],
-        "duplication_overhead": t["duplication"] / t["none"],
-        "detector_detail": {k + "_s_per_step": v for k, v in t.items()},
+        "detector_overhead": paired("sentinel"),
+        "duplication_overhead": paired("duplication"),
+        "detector_detail": {
+            **{k + "_s_per_step": v for k, v in t.items()},
+            "ratio_of_medians": {k: t[k] / t["none"] for k in ("sentinel", "duplication")},
+            **{k + "_verifier_s_per_step": statistics.median(verifier_s[k]) for k in ("sentinel", "duplication")},
+            "load_avg_1min": [load_before, os.getloadavg()[0]],
+        },
     }
 
 

@@ -59,10 +59,12 @@ It sees verdicts and public routing facts only, never ground truth.
 from __future__ import annotations
 
 import collections
+import functools
 
 import numpy as np
 import torch
-from scipy.stats import binom, hypergeom, norm
+from scipy.special import ndtr
+from scipy.stats import binom, hypergeom
 
 from sentinel.transport.message import Message
 
@@ -71,6 +73,7 @@ CERTAIN_FLOOR = 1e-6  # honest workers (practically) never send NaN, a wrong sha
 SCORE_EVERY = 3  # steps between two rounds of score tests (their cost is per stream, not per message)
 MIN_SCORES = 8  # statistics a sender needs in a stream before its distribution is compared with its peers'
 MARKERS = frozenset({"paused", "integrity", "replay", "outlier", "shift", "certain"})  # verdict flags, not statistics
+CERTAIN = frozenset({"integrity", "replay", "certain"})  # markers of payloads no honest worker sends
 
 
 class Attribution:
@@ -84,7 +87,10 @@ class Attribution:
         self._q: dict[tuple, collections.deque[int]] = {}
 
     def add(self, kind: str, key, step: int) -> None:
-        self._q.setdefault((kind, key), collections.deque()).append(step)
+        q = self._q.get((kind, key))
+        if q is None:
+            q = self._q[(kind, key)] = collections.deque()
+        q.append(step)
 
     def count(self, kind: str, key, step: int) -> int:
         q = self._q.get((kind, key))
@@ -106,8 +112,10 @@ def pairwise_pvalues(values: np.ndarray, owner: np.ndarray, groups: int) -> np.n
 
     `values` is (n, k): n observations of k statistics, `owner` (n,) their group. U_ij counts the pairs
     (a from i, b from j) with a > b: one sort per statistic and the running count of each group serve
-    every pair. Normal approximation without tie correction (ties only make it conservative); NaN counts
-    as the largest value.
+    every pair (all statistics at once: the counts are integers, exact in any order). Normal
+    approximation without tie correction (ties only make it conservative); NaN counts as the largest value.
+    The upper tail is `ndtr(-z)`, which is what `scipy.stats.norm.sf(z)` computes, without its per-call
+    argument handling.
     """
     z = np.nan_to_num(values.reshape(len(values), -1), nan=np.inf, posinf=np.inf)
     n, k = z.shape
@@ -116,22 +124,29 @@ def pairwise_pvalues(values: np.ndarray, owner: np.ndarray, groups: int) -> np.n
     sizes = onehot.sum(axis=0)
     ni, nj = sizes[:, None], sizes[None, :]
     sd = np.sqrt(ni * nj * (ni + nj + 1) / 12.0)
-    out = np.ones((k, groups, groups))
-    for j in range(k):
-        order = np.argsort(z[:, j], kind="stable")
-        before = np.cumsum(onehot[order], axis=0) - onehot[order]  # per position: members of each group below it
-        u = onehot[order].T @ before  # U[i, j] = #(a in i, b in j, b sorted before a)
-        with np.errstate(divide="ignore", invalid="ignore"):
-            p = norm.sf((u - ni * nj / 2.0 - 0.5) / sd)
-        out[j] = np.where(sd > 0, p, 1.0)
-    return out
+    order = np.argsort(z, axis=0, kind="stable")  # n, k
+    ranked = onehot[order.T]  # k, n, groups: the group of each value, per statistic in increasing order
+    before = np.cumsum(ranked, axis=1) - ranked  # per position: members of each group below it
+    u = np.matmul(ranked.transpose(0, 2, 1), before)  # U[s, i, j] = #(a in i, b in j, b sorted before a)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        p = ndtr(-((u - ni * nj / 2.0 - 0.5) / sd))
+    return np.where(sd > 0, p, 1.0)
 
 
+@functools.lru_cache(maxsize=1 << 16)
+def binom_sf(k: int, n: int, p: float) -> float:
+    """P(X >= k), X ~ Binomial(n, p). Cached: scipy.stats' per-call overhead dwarfs the computation, and
+    strike counts repeat."""
+    return float(binom.sf(k - 1, n, p))
+
+
+@functools.lru_cache(maxsize=1 << 16)
 def peer_pvalue(k: int, n: int, k_peers: int, n_peers: int, base_fpr: float) -> float:
-    """P(a worker with n chances gets >= k strikes | it is struck like its peers): see the module docstring."""
+    """P(a worker with n chances gets >= k strikes | it is struck like its peers): see the module docstring.
+    Cached, like `binom_sf`."""
     n = max(n, k)
     if n_peers <= 0:
-        return float(binom.sf(k - 1, n, base_fpr))
+        return binom_sf(k, n, base_fpr)
     return float(hypergeom.sf(k - 1, n + n_peers, k + k_peers, n))
 
 
@@ -196,7 +211,7 @@ class Responder:
             route.append(w)
             self.attr.add("mbs", w, step)
         self.attr.add("msgs", (w, stream), step)
-        certain = any(k in verdict.scores for k in ("integrity", "replay", "certain"))
+        certain = not CERTAIN.isdisjoint(verdict.scores)
         if verdict.flagged and certain:
             self.attr.add("certain", w, step)
             self._judge(w, step, *self._test("certain", "mbs", w, None, step, floor=CERTAIN_FLOOR))
@@ -233,7 +248,7 @@ class Responder:
         counts = [(k_p, n_p) for k_p, n_p in counts if n_p > 0]
         if floor is not None:  # certain evidence: binomial against the peers' median rate, floored
             r0 = max(floor, float(np.median([k_p / n_p for k_p, n_p in counts])) if counts else 0.0)
-            return k, float(binom.sf(k - 1, max(n, k), min(r0, 1.0)))
+            return k, binom_sf(k, max(n, k), min(r0, 1.0))
         if not counts:
             return k, peer_pvalue(k, n, 0, 0, self.config.base_fpr)
         pvalues = sorted(peer_pvalue(k, n, k_p, n_p, self.config.base_fpr) for k_p, n_p in counts)
@@ -262,7 +277,7 @@ class Responder:
             if not names:
                 return
             self._stat_names[stream] = names
-        row = np.array([scores.get(k, np.nan) for k in names])
+        row = tuple([scores.get(k, np.nan) for k in names])  # an array only when tested (`_score_tests`)
         self._stats.setdefault(stream, {}).setdefault(worker, collections.deque()).append((step, row))
 
     def _score_tests(self, step: int) -> None:
@@ -285,7 +300,7 @@ class Responder:
             if len(recent) < 2:
                 continue
             names = list(recent)
-            rows = np.stack([r for w in names for _, r in recent[w]])  # messages x statistics
+            rows = np.array([r for w in names for _, r in recent[w]], dtype=float)  # messages x statistics
             owner = np.repeat(np.arange(len(names)), [len(recent[w]) for w in names])
             for i in majority_outliers(pairwise_pvalues(rows, owner, len(names)), self.config.ban_pvalue):
                 self.ban(names[i], step)

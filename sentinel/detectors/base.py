@@ -33,12 +33,15 @@ class DetectorEnv:
             sender of `msg` (or another replica `worker` of its stage) computes from the very input the
             sender received (see `SimEngine.recompute`). None where the backend offers none.
         live_replicas: `live_replicas(stage_idx) -> list[str]`, the live worker ids of a stage.
+        substitutes: whether the response policy may ask `substitute` for a stand-in (closed loop with
+            `on_flag: substitute`); when it may not, a detector need not keep one.
     """
 
     num_stages: int = 1
     payload_shape: tuple[int, ...] | None = None
     recompute: Callable[..., torch.Tensor | None] | None = None
     live_replicas: Callable[[int], list[str]] | None = None
+    substitutes: bool = True
 
 
 class Detector:

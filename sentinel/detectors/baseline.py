@@ -10,6 +10,22 @@ import torch
 
 from sentinel.detectors.distances import Layout
 
+# torch runs an elementwise operation over more elements than this on its thread pool (at::internal::GRAIN_SIZE)
+SERIAL_NUMEL = 32768
+
+
+def ema_(acc: torch.Tensor, x: torch.Tensor, beta: float) -> None:
+    """acc <- beta * acc + (1 - beta) * x, in place, for a contiguous `acc` of x's shape.
+
+    In chunks that torch computes in the calling thread: a verifier's per-message updates are small,
+    and a thread-pool operation stalls whenever one of its threads is preempted (on a busy machine, a
+    few milliseconds per message). The chunks are multiples of every SIMD width, so every element goes
+    through the same kernel as in one `acc.mul_(beta).add_(x, alpha=1 - beta)`: the same values.
+    """
+    a, v = acc.view(-1), x.reshape(-1)
+    for i in range(0, a.numel(), SERIAL_NUMEL):
+        a[i : i + SERIAL_NUMEL].mul_(beta).add_(v[i : i + SERIAL_NUMEL], alpha=1 - beta)
+
 
 class BaselineView:
     """Bias-corrected baseline, with what the distances need precomputed once per update."""
@@ -25,7 +41,8 @@ class BaselineView:
         if var is None:  # a single update so far: no spread known yet
             var = np.ones_like(self.pooled)
         self.var = var
-        self.inv_var = 1.0 / (var + max(var.mean(), 1e-30) * 1e-6)  # the floor guards coordinates that never moved
+        floor = max(np.add.reduce(var) / var.shape[0], 1e-30) * 1e-6  # var.mean() without its Python wrapper
+        self.inv_var = 1.0 / (var + floor)  # the floor guards coordinates that never moved
 
 
 class Baseline:
@@ -68,8 +85,8 @@ class Baseline:
         if self.keep_full and payload is not None:
             p = payload.detach()
             if self._full is None or self._full.shape != p.shape:
-                self._full = torch.zeros_like(p, dtype=torch.float32)
-            self._full.mul_(b).add_(p, alpha=1 - b)
+                self._full = torch.zeros(p.shape, dtype=torch.float32, device=p.device)
+            ema_(self._full, p, b)
         self.n += 1
         self._view = None
 

@@ -36,6 +36,10 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+# OpenBLAS computes a matrix product of at most this many multiply-adds (M * N * K) in the calling thread
+# (its SMP_THRESHOLD_MIN * GEMM_MULTITHREAD_THRESHOLD); a larger one wakes its thread pool (see `signature`).
+BLAS_SINGLE_THREAD_MNK = 4 * 65536
+
 DISTANCES = ("l1", "l2_normalized", "sign_flip_ratio", "sliced_wasserstein", "z_mean", "skewness")
 PAPER_DISTANCES = ("l1", "l2_normalized", "sign_flip_ratio", "sliced_wasserstein")
 
@@ -59,27 +63,33 @@ class Projections:
         theta = torch.randn(num_projections, dim, generator=gen)
         self.theta = (theta / theta.norm(dim=1, keepdim=True)).numpy().astype(np.float32)  # P, C
         self.theta_t = np.ascontiguousarray(self.theta.T)  # C, P
+        self._block = max(1, BLAS_SINGLE_THREAD_MNK // (dim * num_projections))  # token rows per product
         self.levels = (np.arange(num_quantiles) + 0.5) / num_quantiles
         self.num_quantiles = num_quantiles
         self._index: dict[int, np.ndarray] = {}
-        self._work: dict[tuple, np.ndarray] = {}
+        self._work: dict[int, tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
+        self._layouts: dict[tuple, Layout] = {}
 
     @property
     def num_projections(self) -> int:
         return self.theta.shape[0]
 
-    def workspace(self, shape: tuple[int, int], slot: int) -> np.ndarray:
-        """A reused float32 scratch array (fresh large temporaries cost page faults that dwarf the arithmetic)."""
-        key = (shape, slot)
-        if key not in self._work:
-            self._work[key] = np.empty(shape, dtype=np.float32)
-        return self._work[key]
+    def workspace(self, m: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Three reused float32 (m, C + P) scratch arrays (fresh large temporaries cost page faults that dwarf
+        the arithmetic)."""
+        if m not in self._work:
+            shape = (m, self.theta.shape[1] + self.num_projections)
+            self._work[m] = tuple(np.empty(shape, dtype=np.float32) for _ in range(3))
+        return self._work[m]
 
-    def ones(self, n: int) -> np.ndarray:
-        key = ((n,), -1)
-        if key not in self._work:
-            self._work[key] = np.ones(n, dtype=np.float32)
-        return self._work[key]
+    def project(self, tokens: np.ndarray, out: np.ndarray) -> np.ndarray:
+        """out = tokens @ theta^T, (m, C) -> (m, P), in row blocks small enough to stay in the calling thread.
+
+        Every output row is the same dot products whatever the blocking: the values are those of one
+        product, only BLAS's threading is avoided (see `signature`)."""
+        for i in range(0, len(tokens), self._block):
+            np.matmul(tokens[i : i + self._block], self.theta_t, out=out[i : i + self._block])
+        return out
 
     def index(self, n: int) -> np.ndarray:
         """Order-statistic positions of the Q levels in a sorted sample of n values."""
@@ -92,44 +102,80 @@ def signature(x: torch.Tensor, proj: Projections, pooling: str, max_tokens: int 
               offset: int = 0) -> np.ndarray:
     """Flat float64 signature of one payload of shape (..., C); pure, vectorised, no loop over data.
 
-    Computed on the CPU (the verifier is a CPU relay; a GPU payload is copied over once) with numpy in
-    reused scratch buffers: on tensors this size the cost is the number of operations, not arithmetic.
+    Computed on the CPU (the verifier is a CPU relay; a GPU payload is copied over once) in reused
+    scratch buffers: on tensors this size the cost is the number of operations, not arithmetic.
     The pooled mean uses every token; the higher moments and the slices use every s-th token from
     `offset` (s = ceil(N / max_tokens)), which bounds the cost per message; the caller draws `offset`
     at random per message so a sender cannot know which of its tokens are looked at.
     Layout (see `Layout`): [pooled | skewness of the C features and P slices | sliced quantiles (P*Q)
     | ||pooled||^2].
+
+    Everything here runs in the calling thread: the checks are many small operations, and threading
+    them costs more than it saves. numpy's BLAS (OpenBLAS) wakes a thread pool of its own for a product
+    above `BLAS_SINGLE_THREAD_MNK` multiply-adds, and its idle threads then busy-wait for a while: with
+    a message every few milliseconds they never rest, and they take the cores from the training's torch
+    threads (on a 2-core machine busy with other jobs, training with the detector ran 5 to 7 times
+    slower than with OPENBLAS_NUM_THREADS=1). torch's pool is no better for work this small: one of its
+    threads preempted by another process stalls the operation (~10 ms for a 128 x 128 x 32 product).
+    So the projections are computed in blocks below the threshold (`Projections.project`) and the mean
+    over every token is a numpy reduction, not a BLAS product. `np.add.reduce(a, axis=0)` then `/= m`
+    is `a.mean(axis=0)` without its Python wrapper, operation for operation.
     """
     C = x.shape[-1]
-    tokens = x.detach().reshape(-1, C).to("cpu", torch.float32).numpy()  # N, C (a view when possible)
+    t = x.detach()
+    if t.dtype != torch.float32 or t.device.type != "cpu":
+        t = t.to("cpu", torch.float32)
+    tokens = t.numpy().reshape(-1, C)  # N, C (a view when possible)
     n = tokens.shape[0]
     stride = 1 if max_tokens is None or n <= max_tokens else -(-n // max_tokens)
     sample = tokens[offset % stride :: stride]
     m = sample.shape[0]
-    both = proj.workspace((m, C + proj.num_projections), 0)  # features and slices share the moment code
+    both, d, d2 = proj.workspace(m)  # features and slices share the moment code
     both[:, :C] = sample
-    both[:, C:] = sample @ proj.theta_t  # the token cloud along each direction
-    mean = both.mean(axis=0)
-    d = np.subtract(both, mean, out=proj.workspace(both.shape, 1))
-    d2 = np.multiply(d, d, out=proj.workspace(both.shape, 2))
-    m2 = d2.mean(axis=0)
-    skew = np.multiply(d2, d, out=d2).mean(axis=0) / np.maximum(m2 * np.sqrt(m2), 1e-30)  # 0 if constant
-    quant = np.sort(both[:, C:], axis=0)[proj.index(m)].T  # P, Q
+    proj.project(sample, out=both[:, C:])  # the token cloud along each direction
+    mean = np.add.reduce(both, axis=0)
+    mean /= m
+    np.subtract(both, mean, out=d)
+    np.multiply(d, d, out=d2)
+    m2 = np.add.reduce(d2, axis=0)
+    m2 /= m
+    m3 = np.add.reduce(np.multiply(d2, d, out=d2), axis=0)
+    m3 /= m
+    skew = m3 / np.maximum(m2 * np.sqrt(m2), 1e-30)  # 0 if constant
+    slices = np.ascontiguousarray(both[:, C:].T)  # P, m: one contiguous row per direction
+    slices.sort(axis=1)
+    quant = slices[:, proj.index(m)]  # P, Q
     if pooling == "full":
         pooled = tokens.reshape(-1)
     elif stride == 1:
         pooled = mean[:C]
     else:
-        pooled = proj.ones(n) @ tokens / n  # every token (a BLAS gemv)
-    pooled = pooled.astype(np.float64)
-    return np.concatenate((pooled, skew, quant.reshape(-1), [pooled @ pooled]))
+        pooled = np.add.reduce(tokens, axis=0)  # every token
+        pooled /= n
+    k = len(pooled)
+    sig = np.empty(k + len(skew) + quant.size + 1)  # float64; the float32 parts convert exactly
+    sig[:k] = pooled
+    sig[k : k + len(skew)] = skew
+    sig[k + len(skew) : -1] = quant.reshape(-1)
+    pooled = sig[:k]
+    sig[-1] = pooled @ pooled
+    return sig
 
 
 def layout(x_shape: tuple[int, ...], proj: Projections, pooling: str) -> Layout:
-    C = x_shape[-1]
-    pooled = C if pooling == "token_mean" else int(np.prod(x_shape))
-    P = proj.num_projections
-    return Layout(pooled, C + P, P * proj.num_quantiles)
+    """The signature layout of payloads of this shape (built once per shape and pooling)."""
+    key = (x_shape, pooling)
+    if key not in proj._layouts:
+        C = x_shape[-1]
+        pooled = C if pooling == "token_mean" else int(np.prod(x_shape))
+        P = proj.num_projections
+        proj._layouts[key] = Layout(pooled, C + P, P * proj.num_quantiles)
+    return proj._layouts[key]
+
+
+def _mean(a: np.ndarray) -> float:
+    """`a.mean()` of a 1-D array without numpy's Python-level wrapper: the same sum, the same division."""
+    return np.add.reduce(a) / a.shape[0]
 
 
 def distances(sig: np.ndarray, base, names: tuple[str, ...]) -> np.ndarray:
@@ -140,15 +186,15 @@ def distances(sig: np.ndarray, base, names: tuple[str, ...]) -> np.ndarray:
     out = np.empty(len(names))
     for i, name in enumerate(names):
         if name == "l1":
-            out[i] = np.abs(diff).mean()
+            out[i] = _mean(np.abs(diff))
         elif name == "l2_normalized":
             out[i] = np.sqrt(diff @ diff) * base.inv_rms
         elif name == "sign_flip_ratio":
-            out[i] = (np.sign(p) != base.pooled_sign).mean()
+            out[i] = np.count_nonzero(np.sign(p) != base.pooled_sign) / p.shape[0]
         elif name == "sliced_wasserstein":
-            out[i] = np.abs(sig[L.quant] - base.quant).mean()
+            out[i] = _mean(np.abs(sig[L.quant] - base.quant))
         elif name == "z_mean":
-            out[i] = np.sqrt((diff * diff * base.inv_var).mean())
+            out[i] = np.sqrt(_mean(diff * diff * base.inv_var))
         elif name == "skewness":
             s = sig[L.skew]
             out[i] = 1.0 - (s @ base.skew) / max(np.sqrt(s @ s) * base.skew_norm, 1e-30)

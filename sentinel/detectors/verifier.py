@@ -150,8 +150,9 @@ def make_env(scenario, engine) -> DetectorEnv:
     if workers is not None:
         def live(stage_idx: int) -> list[str]:
             return [workers.ids[i] for i in workers.live_in_stage(stage_idx)]
+    substitutes = scenario.detector.mode == "closed_loop" and scenario.response.on_flag == "substitute"
     return DetectorEnv(num_stages=scenario.pipeline.stages, payload_shape=payload_shape(scenario),
-                       recompute=recompute, live_replicas=live)
+                       recompute=recompute, live_replicas=live, substitutes=substitutes)
 
 
 def build(scenario, engine):

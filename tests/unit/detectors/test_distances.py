@@ -135,3 +135,50 @@ def test_sender_median_baseline_ignores_a_minority_sender(proj):
         single.update(sig, lay, sender="s1r0", step=i)
         pooled.update(sig, lay)
     np.testing.assert_allclose(single.view().pooled, pooled.view().pooled)
+
+
+def _reference_signature(x: torch.Tensor, proj: Projections, max_tokens: int, offset: int) -> np.ndarray:
+    """The signature's definition, directly and in float64 (module docstring of distances.py)."""
+    C = x.shape[-1]
+    tokens = x.reshape(-1, C).double().numpy()
+    stride = 1 if len(tokens) <= max_tokens else -(-len(tokens) // max_tokens)
+    sample = tokens[offset % stride :: stride]
+    both = np.concatenate([sample, sample @ proj.theta.T.astype(np.float64)], axis=1)
+    d = both - both.mean(axis=0)
+    skew = (d**3).mean(axis=0) / np.maximum((d**2).mean(axis=0) ** 1.5, 1e-30)
+    quant = np.sort(both[:, C:], axis=0)[proj.index(len(sample))].T
+    pooled = tokens.mean(axis=0)
+    return np.concatenate([pooled, skew, quant.reshape(-1), [pooled @ pooled]])
+
+
+@pytest.mark.parametrize("shape, offset", [((4, 8, 16), 0), ((4, 64, 64), 3), ((2, 96, 64), 1)])
+def test_signature_matches_its_definition(shape, offset):
+    """Blocked projections, unwrapped means and the token-mean reduction compute the documented quantities
+    (the second and third shapes subsample tokens and split the projections into several blocks)."""
+    proj = Projections(shape[-1], num_projections=64, num_quantiles=16, seed=1)
+    x = _payload(11, shape)
+    got = signature(x, proj, "token_mean", max_tokens=128, offset=offset)
+    np.testing.assert_allclose(got, _reference_signature(x, proj, 128, offset), rtol=1e-4, atol=1e-5)
+
+
+def test_projections_run_in_blocks_below_the_blas_threading_threshold():
+    from sentinel.detectors.distances import BLAS_SINGLE_THREAD_MNK
+
+    proj = Projections(128, num_projections=32, num_quantiles=8, seed=0)
+    assert 1 <= proj._block < 128 and proj._block * 128 * 32 <= BLAS_SINGLE_THREAD_MNK
+    tokens = _payload(12, (2, 100, 128)).reshape(-1, 128).numpy()
+    out = proj.project(tokens, np.empty((200, 32), dtype=np.float32))
+    np.testing.assert_allclose(out, tokens @ proj.theta.T, rtol=1e-6, atol=1e-6)
+
+
+def test_chunked_ema_equals_the_one_call_update():
+    """`ema_` splits the update so torch runs it in the calling thread; the values are bit for bit the same."""
+    from sentinel.detectors.baseline import SERIAL_NUMEL, ema_
+
+    for shape in [(4, 8, 16), (8, 64, 128), (3, SERIAL_NUMEL // 7 + 5, 7)]:
+        acc, x = _payload(13, shape), _payload(14, shape)
+        ref = acc.clone()
+        for beta in (0.8, 0.37):
+            ref.mul_(beta).add_(x, alpha=1 - beta)
+            ema_(acc, x, beta)
+        assert torch.equal(acc, ref)

@@ -155,3 +155,35 @@ def test_engine_replacement_copies_weights_and_optimizer_state(tiny_scenario):
     eng.train_step()  # the newcomer is routed and stays in sync under synchronous DP
     for a, b in zip(eng.replicas[eng.workers.index("s1r0")].params, eng.replicas[-1].params):
         torch.testing.assert_close(a, b)
+
+
+def test_pairwise_pvalues_are_mann_whitney_tests():
+    """All statistics at once: each p-value is scipy's one-sided asymptotic Mann-Whitney U test (no ties here)."""
+    import numpy as np
+    from scipy.stats import mannwhitneyu
+
+    from sentinel.response import pairwise_pvalues
+
+    rng = np.random.default_rng(0)
+    owner = np.repeat(np.arange(3), [20, 15, 25])
+    values = rng.normal(size=(60, 4)) + 1.5 * (owner == 2)[:, None]
+    p = pairwise_pvalues(values, owner, 3)
+    assert p.shape == (4, 3, 3)
+    for s in range(4):
+        for i in range(3):
+            for j in range(3):
+                if i != j:
+                    ref = mannwhitneyu(values[owner == i, s], values[owner == j, s], alternative="greater",
+                                       method="asymptotic").pvalue
+                    assert p[s, i, j] == pytest.approx(ref, rel=1e-9)
+    assert (p[:, 2, 0] < 0.05).all()  # the shifted group stands out
+
+
+def test_peer_pvalue_is_the_hypergeometric_tail():
+    from scipy.stats import binom, hypergeom
+
+    from sentinel.response import peer_pvalue
+
+    assert peer_pvalue(3, 10, 1, 20, 0.01) == float(hypergeom.sf(2, 30, 4, 10))
+    assert peer_pvalue(3, 10, 1, 20, 0.01) == peer_pvalue(3, 10, 1, 20, 0.01)  # cached: the same value
+    assert peer_pvalue(2, 10, 0, 0, 0.05) == float(binom.sf(1, 10, 0.05))  # no peers: against the base rate

@@ -159,3 +159,18 @@ def test_scores_do_not_move_the_token_sampler():
         for m in range(3):
             x = honest(s, m) * (1 if s < 14 else -1)
             assert a.observe(msg(s, m, x)) == b.observe(msg(s, m, x))
+
+
+def test_token_offsets_drawn_in_blocks_are_the_per_message_draws():
+    det = small()
+    ref = np.random.default_rng([0, 0x70C])  # the detector's private sampler (seed 0)
+    assert [det._offset() for _ in range(600)] == [int(ref.integers(1 << 30)) for _ in range(600)]
+
+
+@pytest.mark.parametrize("substitutes", [True, False])
+def test_whole_payload_baseline_is_kept_only_when_a_substitute_may_be_asked(substitutes):
+    from sentinel.detectors.base import DetectorEnv
+
+    det = Sentinel(Sentinel.Config(warmup_steps=5, window=64), seed=0, env=DetectorEnv(substitutes=substitutes))
+    feed(det, 3)
+    assert (det.substitute(msg(3, 0, honest(3, 0))) is not None) == substitutes

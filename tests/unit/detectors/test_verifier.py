@@ -209,3 +209,14 @@ def test_wire_view_is_rejected_for_recomputing_detectors(tiny_scenario):
     with pytest.raises(ConfigError, match="detector.view: duplication compares"):
         tiny_scenario("detector.name=duplication", "detector.view=wire")
     tiny_scenario("detector.name=sentinel", "detector.view=wire")
+
+
+def test_env_says_whether_the_response_may_ask_for_a_substitute(tiny_scenario):
+    from sentinel.detectors.verifier import make_env
+
+    def env(*overrides):
+        return make_env(tiny_scenario("detector.name=sentinel", *overrides), None)
+
+    assert env("response.on_flag=substitute").substitutes
+    assert not env("response.on_flag=drop").substitutes
+    assert not env("response.on_flag=substitute", "detector.mode=open_loop").substitutes  # never acts
