@@ -37,6 +37,7 @@ HEADLINE = [
     ("clean_fpr", ("detection", "clean_twin", "fpr")),
     ("clean_false_bans", ("detection", "clean_twin", "false_bans")),
     ("bytes_sent", ("transport", "bytes_sent")),
+    ("sim_tokens_per_s", ("transport", "sim_tokens_per_s")),
 ]
 
 
@@ -152,11 +153,15 @@ def _get(d: dict, path: tuple[str, ...]) -> Any:
 def collect(out_dir: Path, points: list[dict[str, Any]], reference: dict[str, str] | None = None) -> list[dict]:
     """One row per finished point: its grid values as labels, the headline metrics, the reference text."""
     rows = []
+    # short labels (an attack list as name/role, a plugin by its name) unless they would merge distinct values
+    short = {k: len({json.dumps(label(p[k])) for p in points}) == len({json.dumps(p[k], sort_keys=True) for p in points})
+             for k in (points[0] if points else {})}
     for p in points:
         f = out_dir / "points" / slug(p) / "summary.json"
         if f.is_file():
             s = json.loads(f.read_text())
-            labels = {k: label(v) for k, v in p.items()}
+            labels = {k: label(v) if short[k] or isinstance(v, (int, float, str, bool)) else
+                      json.dumps(v, separators=(",", ":")) for k, v in p.items()}
             row = {**labels, **{name: _get(s, path) for name, path in HEADLINE}}
             if reference:
                 key = " ".join(str(v) for v in labels.values())

@@ -84,3 +84,20 @@ def test_a_sweep_over_attacks_shares_one_clean_twin_and_prints_the_reference(tmp
     assert (tmp_path / "out" / "sweep_detection.png").is_file() and (tmp_path / "out" / "sweep_loss.png").is_file()
     report = (tmp_path / "out" / "report.md").read_text()
     assert "![sweep_loss](sweep_loss.png)" in report and "constant/activation" in report and "```yaml" in report
+
+
+def test_row_labels_stay_short_unless_that_would_merge_distinct_grid_values(tmp_path):
+    import json
+
+    from sentinel.sweep import collect, slug
+
+    points = [{"transport.codec": {"name": "random_mask", "keep": q}, "detector.k": 4} for q in (0.1, 0.05)]
+    points.append({"transport.codec": {"name": "int8"}, "detector.k": 4})
+    for p in points:
+        d = tmp_path / "points" / slug(p)
+        d.mkdir(parents=True)
+        (d / "summary.json").write_text(json.dumps({"training": {"final_val_loss": 1.0}}))
+    rows = collect(tmp_path, points)
+    assert [r["transport.codec"] for r in rows] == [
+        '{"name":"random_mask","keep":0.1}', '{"name":"random_mask","keep":0.05}', '{"name":"int8"}']
+    assert [r["detector.k"] for r in rows] == [4, 4, 4]
