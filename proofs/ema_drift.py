@@ -228,13 +228,15 @@ class SentinelDrift:
 
         s(level) = the constant lag s (message x + s D(x) against the current baseline) at which the median,
         over `probes` fresh honest payloads, of the l1 distance the detector would compute (`scores`, pure)
-        reaches `level`. Levels: the inner fence Q3 + k_learn IQR and the outer fence Q3 + k IQR of the l1
-        window. Returns (s_learn, s_flag, sd): sd is the spread of a single message's distance at the outer
+        reaches `level`. Levels: the inner fence (k_learn) and the outer fence (k) of the l1 window, on l1's
+        own scale (`Fences.level`: Q3 + k IQR, computed on log l1 when the detector fences magnitudes on a log
+        scale, its default). Returns (s_learn, s_flag, sd): sd is the spread of a single message's distance at the outer
         fence, converted to the same units (robust sd over the probes / local slope).
         """
         det = self.detector
         _, fences = self.tb.stream_state(det, self.role)
-        q3, iqr = (float(v[det.names.index("l1")]) for v in fences.quartiles())
+        i = det.names.index("l1")
+        fence_learn, fence_flag = (float(fences.level(k)[i]) for k in (det.config.k_learn, det.config.k))
         xs = [self.probe() for _ in range(probes)]
         ctx = self._ctx(0)
 
@@ -254,7 +256,7 @@ class SentinelDrift:
                 lo, hi = (mid, hi) if np.median(dists(mid)) < level else (lo, mid)
             return 0.5 * (lo + hi)
 
-        s_learn, s_flag = solve(q3 + det.config.k_learn * iqr), solve(q3 + det.config.k * iqr)
+        s_learn, s_flag = solve(fence_learn), solve(fence_flag)
         at = dists(s_flag)
         slope = (np.median(dists(1.05 * s_flag)) - np.median(dists(0.95 * s_flag))) / (0.1 * s_flag)
         if not slope > 0:

@@ -169,21 +169,33 @@ class Fences:
     """Tukey fences over a sliding window of the last `window` accepted values of D statistics.
 
     threshold_i = Q3_i + k * IQR_i. `exceedance(values)` returns e_i = (x_i - Q3_i) / IQR_i, so that
-    x_i > threshold_i <=> e_i > k; IQR is floored at 1% of |Q3| so a window of identical values does
-    not make every later change infinitely surprising. With `log`, fences are computed on log values
+    x_i > threshold_i <=> e_i > k; IQR is floored at 1% of |Q3| and at the statistic's resolution
+    (`set_resolution`) so a window of identical values does not make every later change infinitely surprising. With `log`, fences are computed on log values
     (multiplicative fences, threshold = Q3 * (Q3 / Q1)^k, floored at a 1% spread): scale-free, and
     suited to positive, right-skewed distances.
     """
 
-    def __init__(self, names: tuple[str, ...], window: int, k: float, log: bool = False):
-        self.names, self.window, self.k, self.log = names, window, k, log
+    def __init__(self, names: tuple[str, ...], window: int, k: float, log: bool | tuple[bool, ...] = False):
+        self.names, self.window, self.k = names, window, k
+        self._log = np.broadcast_to(np.asarray(log, dtype=bool), (len(names),)).copy()  # per statistic
+        self.log = bool(self._log.all())
         self._buf = np.zeros((window, len(names)))
         self.count = 0
         self._pos = 0
         self._q: tuple[np.ndarray, np.ndarray] | None = None
+        self.resolution = np.zeros(len(names))  # per statistic: the smallest step it can take (0: continuous)
+
+    def set_resolution(self, resolution: np.ndarray) -> None:
+        """Floor each IQR at the statistic's resolution (e.g. `sign_flip_ratio` moves in steps of 1/C): a
+        discrete statistic whose window holds one repeated value would otherwise score one more step as an
+        exceedance of ~1/(0.01 |Q3| + 1e-30), i.e. 1e28 when Q3 = 0. Linear-scale statistics only."""
+        self.resolution = np.where(self._log, 0.0, np.asarray(resolution, dtype=float))
+        self._q = None
 
     def _t(self, values: np.ndarray) -> np.ndarray:
-        return np.log(np.maximum(values, 1e-30)) if self.log else values
+        if not self._log.any():
+            return values
+        return np.where(self._log, np.log(np.maximum(values, 1e-30)), values)
 
     def push(self, values: np.ndarray) -> None:
         self._buf[self._pos] = self._t(values)
@@ -196,7 +208,7 @@ class Fences:
         if self._q is None:
             s = np.sort(self._buf[: self.count], axis=0)
             q1, q3 = _quantile(s, 0.25), _quantile(s, 0.75)
-            iqr = np.maximum(q3 - q1, 0.01 if self.log else 0.01 * np.abs(q3) + 1e-30)
+            iqr = np.maximum(q3 - q1, np.where(self._log, 0.01, np.maximum(0.01 * np.abs(q3) + 1e-30, self.resolution)))
             self._q = (q3, iqr)
         return self._q
 
@@ -204,12 +216,16 @@ class Fences:
         q3, iqr = self.quartiles()
         return (self._t(values) - q3) / iqr
 
+    def level(self, k: float) -> np.ndarray:
+        """The fence at `k` (Q3 + k * IQR, back on the statistics' own scale), one value per statistic."""
+        q3, iqr = self.quartiles()
+        t = q3 + k * iqr
+        return np.where(self._log, np.exp(t), t)
+
     def thresholds(self) -> dict[str, float]:
         if self.count == 0:
             return {}
-        q3, iqr = self.quartiles()
-        t = q3 + self.k * iqr
-        return {n: float(v) for n, v in zip(self.names, np.exp(t) if self.log else t)}
+        return {n: float(v) for n, v in zip(self.names, self.level(self.k))}
 
 
 def _quantile(sorted_rows: np.ndarray, q: float) -> np.ndarray:

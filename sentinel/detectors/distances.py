@@ -42,6 +42,9 @@ BLAS_SINGLE_THREAD_MNK = 4 * 65536
 
 DISTANCES = ("l1", "l2_normalized", "sign_flip_ratio", "sliced_wasserstein", "z_mean", "skewness")
 PAPER_DISTANCES = ("l1", "l2_normalized", "sign_flip_ratio", "sliced_wasserstein")
+# Magnitudes (unbounded, positive, right-skewed: they scale with the traffic), as opposed to the bounded
+# sign_flip_ratio in [0, 1] and skewness in [0, 2]: `fence_scale: auto` fences these on a log scale.
+MAGNITUDES = frozenset({"l1", "l2_normalized", "sliced_wasserstein", "z_mean"})
 
 
 class Layout:
@@ -98,15 +101,43 @@ class Projections:
         return self._index[n]
 
 
+def clip_tokens(tokens: np.ndarray, clip: float, sample: slice = slice(None)) -> np.ndarray:
+    """Winsorise token norms: a token longer than `clip` x the median norm of the non-zero tokens (the upper
+    median for an even count; over the `sample` rows of `tokens`, the ones the moments look at) is scaled
+    down to that length (direction kept). Returns `tokens` itself when no token is that long.
+
+    What it assumes about honest traffic: the tokens of one message have norms of one order of magnitude
+    (dense traffic: the longest token of a microbatch is 2-3x the median). Compressed or unstable
+    traffic breaks that (a 95% random mask rescales kept entries 20x, and the masked model's own
+    activations and gradients then carry tokens 100-10^6x the median); a handful of such tokens would
+    dominate every mean and moment of the signature, so their share is capped. Zero tokens (fully masked,
+    or a zeroed message) are left out of the median so they cannot pull the cap down to zero.
+    Squared norms throughout (the median of squares is the square of the median): one pass, no sqrt
+    unless something is clipped.
+    """
+    sq = np.einsum("ij,ij->i", tokens, tokens)
+    pos = sq[sample]
+    pos = pos[pos > 0]
+    if pos.size == 0:
+        return tokens
+    half = pos.size // 2
+    cap2 = clip * clip * float(np.partition(pos, half)[half])
+    if not sq.max() > cap2:
+        return tokens
+    scale = np.sqrt(np.minimum(1.0, cap2 / np.maximum(sq, 1e-30))).astype(np.float32)
+    return tokens * scale[:, None]
+
+
 def signature(x: torch.Tensor, proj: Projections, pooling: str, max_tokens: int | None = None,
-              offset: int = 0) -> np.ndarray:
+              offset: int = 0, token_clip: float | None = None) -> np.ndarray:
     """Flat float64 signature of one payload of shape (..., C); pure, vectorised, no loop over data.
 
     Computed on the CPU (the verifier is a CPU relay; a GPU payload is copied over once) in reused
     scratch buffers: on tensors this size the cost is the number of operations, not arithmetic.
-    The pooled mean uses every token; the higher moments and the slices use every s-th token from
-    `offset` (s = ceil(N / max_tokens)), which bounds the cost per message; the caller draws `offset`
-    at random per message so a sender cannot know which of its tokens are looked at.
+    The pooled mean uses every token; the higher moments, the slices and the median token norm of
+    `token_clip` use every s-th token from `offset` (s = ceil(N / max_tokens)), which bounds the cost
+    per message; the caller draws `offset` at random per message so a sender cannot know which of its
+    tokens are looked at.
     Layout (see `Layout`): [pooled | skewness of the C features and P slices | sliced quantiles (P*Q)
     | ||pooled||^2].
 
@@ -128,7 +159,10 @@ def signature(x: torch.Tensor, proj: Projections, pooling: str, max_tokens: int 
     tokens = t.numpy().reshape(-1, C)  # N, C (a view when possible)
     n = tokens.shape[0]
     stride = 1 if max_tokens is None or n <= max_tokens else -(-n // max_tokens)
-    sample = tokens[offset % stride :: stride]
+    rows = slice(offset % stride, None, stride)
+    if token_clip is not None:
+        tokens = clip_tokens(tokens, token_clip, rows)
+    sample = tokens[rows]
     m = sample.shape[0]
     both, d, d2 = proj.workspace(m)  # features and slices share the moment code
     both[:, :C] = sample
@@ -171,6 +205,13 @@ def layout(x_shape: tuple[int, ...], proj: Projections, pooling: str) -> Layout:
         P = proj.num_projections
         proj._layouts[key] = Layout(pooled, C + P, P * proj.num_quantiles)
     return proj._layouts[key]
+
+
+def resolutions(names: tuple[str, ...], lay: Layout) -> np.ndarray:
+    """The smallest step each named distance can take on signatures of this layout (0: continuous):
+    `sign_flip_ratio` counts features, so it moves in steps of 1 / (pooled length)."""
+    pooled = lay.pooled.stop - lay.pooled.start
+    return np.array([1.0 / pooled if name == "sign_flip_ratio" else 0.0 for name in names])
 
 
 def _mean(a: np.ndarray) -> float:

@@ -43,13 +43,28 @@ import torch
 from sentinel.config import spec
 from sentinel.detectors.base import Detector, Verdict
 from sentinel.detectors.baseline import Baseline, Fences, SenderMedianBaseline
-from sentinel.detectors.distances import DISTANCES, Projections, distances, layout, signature
+from sentinel.detectors.distances import (
+    DISTANCES,
+    MAGNITUDES,
+    Projections,
+    distances,
+    layout,
+    resolutions,
+    signature,
+)
 from sentinel.detectors.replay import ReplayMemory
 from sentinel.errors import ConfigError
 from sentinel.registry import DETECTORS
 from sentinel.transport.message import Message, Role
 
 DistanceName = Literal["l1", "l2_normalized", "sign_flip_ratio", "sliced_wasserstein", "z_mean", "skewness"]
+
+
+def fence_logs(cfg) -> tuple[bool, ...]:
+    """Per distance: fenced on a log scale? (`fence_scale`: linear, log, or auto = log for the magnitudes)."""
+    if cfg.fence_scale == "auto":
+        return tuple(name in MAGNITUDES for name in cfg.distances)
+    return (cfg.fence_scale == "log",) * len(cfg.distances)
 
 
 class _Stream:
@@ -61,7 +76,7 @@ class _Stream:
             self.baseline = SenderMedianBaseline(beta, beta_var, keep_full=keep_full)
         else:
             self.baseline = Baseline(beta, beta_var, keep_full=keep_full)
-        self.fences = Fences(tuple(cfg.distances), cfg.window, cfg.k, log=cfg.fence_scale == "log")
+        self.fences = Fences(tuple(cfg.distances), cfg.window, cfg.k, log=fence_logs(cfg))
         self.flags = 0
         self.recent: dict[str, tuple[int, float]] = {}  # sender -> (step, statistic) of its latest message
 
@@ -101,8 +116,12 @@ class Sentinel(Detector):
         combine: Literal["any", "vote", "weighted"] = spec("any", help="how per-distance fence tests combine")
         vote_m: int = spec(2, ge=1, help="combine=vote: distances that must exceed their fence")
         weights: tuple[float, ...] = spec((), help="combine=weighted: one weight per distance (default: equal)")
-        fence_scale: Literal["linear", "log"] = spec(
-            "linear", help="fences on the distances themselves, or on their logarithms (multiplicative fences)")
+        fence_scale: Literal["linear", "log", "auto"] = spec(
+            "auto", help="fences on the distances themselves, on their logarithms (multiplicative fences), or "
+            "auto: log for the magnitudes (l1, l2_normalized, sliced_wasserstein, z_mean), linear for the bounded ones")
+        token_clip: float | None = spec(
+            10.0, gt=1, help="winsorise tokens longer than token_clip x the message's median token norm before the "
+            "signature (robust to a few huge tokens, e.g. under random masking); null: off")
         replay_memory: int = spec(1000, ge=0, help="steps an exact replay of a relayed tensor is recognised; 0: off")
         consensus_horizon: int = spec(
             5, ge=0, help="steps a sender's latest statistic counts for honest-majority drift detection; 0: off")
@@ -168,7 +187,7 @@ class Sentinel(Detector):
         proj = self._projections(payload.shape[-1])
         if offset is None:
             offset = self._offset()
-        sig = signature(payload, proj, self.config.pooling, self.config.max_tokens, offset)
+        sig = signature(payload, proj, self.config.pooling, self.config.max_tokens, offset, self.config.token_clip)
         return sig, layout(tuple(payload.shape), proj, self.config.pooling)
 
     @staticmethod
@@ -248,6 +267,7 @@ class Sentinel(Detector):
                                                                    msg.step):
             return Verdict({"replay": 1.0}, True)  # the pooled mean uses every token: equal only for a replay
         if not self._comparable(st, sig):  # first message of the stream (the Verifier rejects odd shapes)
+            st.fences.set_resolution(resolutions(self.names, lay))
             self._learn(st, sig, lay, msg)
             return Verdict({}, False)
         values = distances(sig, st.baseline.view(), self.names)

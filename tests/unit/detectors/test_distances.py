@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 import torch
 from scipy.stats import wasserstein_distance
 
 from sentinel.detectors.baseline import Baseline, Fences
-from sentinel.detectors.distances import DISTANCES, Projections, distances, layout, signature
+from sentinel.detectors.distances import DISTANCES, MAGNITUDES, Projections, clip_tokens, distances, layout, signature
 
 
 def _payload(seed: int, shape=(4, 8, 16), skew: bool = True) -> torch.Tensor:
@@ -119,6 +121,62 @@ def test_log_fences_are_multiplicative():
     assert f.thresholds()["a"] == pytest.approx(np.exp(q3 + (q3 - q1)))
 
 
+def test_fences_take_a_log_scale_per_statistic():
+    vals = np.array([[1.0, 1.0], [2.0, 2.0], [4.0, 4.0], [8.0, 8.0]])
+    mixed = Fences(("a", "b"), window=4, k=1.0, log=(True, False))
+    lin, log = Fences(("b",), window=4, k=1.0), Fences(("a",), window=4, k=1.0, log=True)
+    for v in vals:
+        mixed.push(v)
+        log.push(v[:1])
+        lin.push(v[1:])
+    thr = mixed.thresholds()
+    assert thr["a"] == pytest.approx(log.thresholds()["a"])
+    assert thr["b"] == pytest.approx(lin.thresholds()["b"])
+    assert not mixed.log and log.log
+    np.testing.assert_allclose(mixed.exceedance(np.array([thr["a"], thr["b"]])), [1.0, 1.0])
+
+
+def test_auto_fence_scale_logs_the_magnitudes_only():
+    from sentinel.detectors.stagewise import Sentinel, fence_logs
+
+    cfg = Sentinel.Config(distances=DISTANCES, fence_scale="auto")
+    assert fence_logs(cfg) == tuple(d in MAGNITUDES for d in DISTANCES)
+    assert fence_logs(dataclasses.replace(cfg, fence_scale="linear")) == (False,) * len(DISTANCES)
+    assert "sign_flip_ratio" not in MAGNITUDES and "l1" in MAGNITUDES
+
+
+def test_clip_tokens_leaves_dense_traffic_alone():
+    x = np.random.default_rng(0).standard_normal((64, 16)).astype(np.float32)
+    assert clip_tokens(x, 10.0) is x  # Gaussian token norms are within 10x of their median
+
+
+def test_clip_tokens_caps_huge_tokens_and_keeps_their_direction():
+    rng = np.random.default_rng(1)
+    x = rng.standard_normal((64, 16)).astype(np.float32)
+    x[3] *= 1e4
+    x[10:20] = 0.0  # masked-out tokens do not count toward the median
+    y = clip_tokens(x, 10.0)
+    norms = np.linalg.norm(x, axis=1)
+    nz = np.sort(norms[norms > 0])
+    cap = 10.0 * nz[len(nz) // 2]  # the upper median
+    assert np.linalg.norm(y[3]) == pytest.approx(cap, rel=1e-5)
+    np.testing.assert_allclose(y[3] / np.linalg.norm(y[3]), x[3] / norms[3], rtol=1e-5)
+    keep = np.arange(64) != 3
+    np.testing.assert_array_equal(y[keep], x[keep])
+    zeros = np.zeros((8, 16), np.float32)
+    assert clip_tokens(zeros, 10.0) is zeros
+
+
+def test_token_clip_bounds_the_signature_shift_of_one_huge_token(proj):
+    x = torch.randn(4, 8, 16, generator=torch.Generator().manual_seed(2))
+    spiked = x.clone()
+    spiked[0, 0] *= 1e6
+    base = signature(x, proj, "token_mean")
+    off = np.abs(signature(spiked, proj, "token_mean") - base).max()
+    on = np.abs(signature(spiked, proj, "token_mean", token_clip=10.0) - signature(x, proj, "token_mean", token_clip=10.0)).max()
+    assert off > 1e4 and on < 10.0
+
+
 def test_sender_median_baseline_ignores_a_minority_sender(proj):
     from sentinel.detectors.baseline import SenderMedianBaseline
 
@@ -182,3 +240,31 @@ def test_chunked_ema_equals_the_one_call_update():
             ref.mul_(beta).add_(x, alpha=1 - beta)
             ema_(acc, x, beta)
         assert torch.equal(acc, ref)
+
+
+def test_a_discrete_distance_is_fenced_at_its_resolution_not_at_1e28():
+    # a window of identical sign-flip ratios (0: no feature ever flipped) used to floor the IQR at 1e-30, so
+    # one flipped feature out of 64 scored an exceedance of ~1.6e28 and was flagged
+    f = Fences(("sign_flip_ratio", "l1"), window=16, k=4.0)
+    f.set_resolution(np.array([1 / 64, 0.0]))
+    for _ in range(16):
+        f.push(np.array([0.0, 1.0]))
+    one, five = f.exceedance(np.array([1 / 64, 1.0])), f.exceedance(np.array([5 / 64, 1.0]))
+    assert one[0] == pytest.approx(1.0) and five[0] == pytest.approx(5.0)  # in units of one flipped feature
+    assert f.level(4.0)[0] == pytest.approx(4 / 64)
+
+
+def test_sentinel_sets_the_sign_flip_resolution_from_the_payload(proj):
+    from sentinel.detectors.distances import resolutions
+    from sentinel.detectors.stagewise import Sentinel
+
+    lay = layout((4, 8, 16), proj, "token_mean")
+    np.testing.assert_allclose(resolutions(("l1", "sign_flip_ratio", "skewness"), lay), [0.0, 1 / 16, 0.0])
+    det = Sentinel(Sentinel.Config())
+    from sentinel.transport.message import Message, Role
+
+    x = _payload(0)
+    det.observe(Message(step=0, mb_idx=0, boundary=1, role=Role.ACTIVATION, sender="s1r0", receiver="s2r0", payload=x))
+    st = det._streams[(1, int(Role.ACTIVATION))]
+    i = det.names.index("sign_flip_ratio")
+    assert st.fences.resolution[i] == pytest.approx(1 / 16) and st.fences.resolution[det.names.index("l1")] == 0
