@@ -111,11 +111,14 @@ def pairwise_pvalues(values: np.ndarray, owner: np.ndarray, groups: int) -> np.n
     """(statistics, groups, groups) one-sided Mann-Whitney p-values of "group i's values exceed group j's".
 
     `values` is (n, k): n observations of k statistics, `owner` (n,) their group. U_ij counts the pairs
-    (a from i, b from j) with a > b: one sort per statistic and the running count of each group serve
-    every pair (all statistics at once: the counts are integers, exact in any order). Normal
-    approximation without tie correction (ties only make it conservative); NaN counts as the largest value.
-    The upper tail is `ndtr(-z)`, which is what `scipy.stats.norm.sf(z)` computes, without its per-call
-    argument handling.
+    (a from i, b from j) with a > b, plus half the pairs with a == b (midranks): one sort per statistic
+    and the running count of each group serve every pair (all statistics at once: the counts are
+    integers and halves, exact in any order). Normal approximation with continuity and tie correction,
+    as `scipy.stats.mannwhitneyu(method="asymptotic")`; NaN counts as the largest value. Ties must be
+    split, not broken by position: a statistic that often takes one value (a sign-flip ratio of 0 under
+    random masking) would otherwise rank whole groups by the order they were listed in and frame an
+    honest sender. The upper tail is `ndtr(-z)`, what `scipy.stats.norm.sf(z)` computes, without its
+    per-call argument handling.
     """
     z = np.nan_to_num(values.reshape(len(values), -1), nan=np.inf, posinf=np.inf)
     n, k = z.shape
@@ -123,12 +126,31 @@ def pairwise_pvalues(values: np.ndarray, owner: np.ndarray, groups: int) -> np.n
     onehot[np.arange(n), owner] = 1.0
     sizes = onehot.sum(axis=0)
     ni, nj = sizes[:, None], sizes[None, :]
-    sd = np.sqrt(ni * nj * (ni + nj + 1) / 12.0)
     order = np.argsort(z, axis=0, kind="stable")  # n, k
+    zs = np.take_along_axis(z, order, axis=0)
+    starts = np.ones((n, k), dtype=bool)  # where a block of equal values begins
+    starts[1:] = zs[1:] != zs[:-1]
+    pos = np.arange(n)[:, None]
+    first = np.maximum.accumulate(np.where(starts, pos, 0), axis=0)  # n, k: first position of each one's block
+    ends = np.ones((n, k), dtype=bool)
+    ends[:-1] = starts[1:]
+    last = np.minimum.accumulate(np.where(ends, pos, n - 1)[::-1], axis=0)[::-1]
     ranked = onehot[order.T]  # k, n, groups: the group of each value, per statistic in increasing order
-    before = np.cumsum(ranked, axis=1) - ranked  # per position: members of each group below it
-    u = np.matmul(ranked.transpose(0, 2, 1), before)  # U[s, i, j] = #(a in i, b in j, b sorted before a)
+    counts = np.zeros((k, n + 1, groups))
+    np.cumsum(ranked, axis=1, out=counts[:, 1:])  # counts[s, p]: members of each group among the first p
+    cols = np.arange(k)[:, None]
+    below = counts[cols, first.T]  # k, n, groups: members strictly below each value's block
+    tied = counts[cols, last.T + 1] - below  # k, n, groups: members of each value's block (itself included)
+    u = np.matmul(ranked.transpose(0, 2, 1), below + 0.5 * tied)  # U[s, i, j] (the diagonal is unused)
+    blocks = np.where(starts.T[:, :, None], tied, 0.0)  # k, n, groups: each block counted once
+    b1, b2, b3 = blocks.sum(axis=1), (blocks**2), (blocks**3).sum(axis=1)
+    cross = np.matmul((b2).transpose(0, 2, 1), blocks)  # sum over blocks of t_i^2 t_j
+    ties = b3[:, :, None] + b3[:, None, :] + 3 * cross + 3 * cross.transpose(0, 2, 1)
+    ties -= b1[:, :, None] + b1[:, None, :]  # sum over blocks of (t^3 - t), t = t_i + t_j
+    total = ni + nj
     with np.errstate(divide="ignore", invalid="ignore"):
+        var = ni * nj / 12.0 * ((total + 1) - np.where(total > 1, ties / (total * (total - 1)), 0.0))
+        sd = np.sqrt(np.maximum(var, 0.0))
         p = ndtr(-((u - ni * nj / 2.0 - 0.5) / sd))
     return np.where(sd > 0, p, 1.0)
 
