@@ -7,7 +7,10 @@ not depend on the detector:
 - integrity: a payload with NaN / Inf, a non-float dtype or the wrong shape is flagged at once and
   never reaches the detector (so never its baseline); its verdict carries `score_integrity = 1`;
 - replay: the relay remembers a fingerprint of every tensor it relayed recently (replay.py); a
-  tensor it has already relayed is flagged at once (`score_replay = 1`);
+  tensor it has already relayed is flagged at once (`score_replay = 1`). Sparse payloads whose kept
+  positions change per message (random masking re-masks a replayed tensor, so it never repeats) are
+  checked on the positions two masks share: an earlier message's exact values there are a replay
+  (`SparseReplayMemory`; the same verdict);
 - cascade suppression: once a microbatch is flagged, every later message of that microbatch in the
   same step is causally downstream of the flagged tensor (forward activations after it, and every
   gradient, all computed from it), so its checks are paused: the detector neither judges nor learns
@@ -33,7 +36,7 @@ import dataclasses
 import torch
 
 from sentinel.detectors.base import Detector, DetectorEnv, Verdict
-from sentinel.detectors.replay import Fingerprint, ReplayMemory
+from sentinel.detectors.replay import Fingerprint, ReplayMemory, SparseReplayMemory
 from sentinel.registry import DETECTORS
 from sentinel.transport.message import Message
 
@@ -49,6 +52,7 @@ class Verifier:
                  seed: int = 0, view: str = "decoded"):
         self.detector, self.mode, self.payload_shape, self.view = detector, mode, payload_shape, view
         self.replays = ReplayMemory()
+        self.sparse_replays = SparseReplayMemory(seed)
         self._fingerprint = Fingerprint(seed)
         self._own_checks = getattr(detector, "checks_payload", False)  # the detector checks NaN / replays itself
         self._step = -1
@@ -76,16 +80,24 @@ class Verifier:
         if self.view == "wire" and msg.meta.get("wire_view") is not None:
             if not self.integrity_ok(msg.payload):  # the decoded tensor: shape and finiteness
                 verdict = CORRUPT
+            elif self._sparse_replay(msg):
+                verdict = REPLAYED
             else:
                 verdict = self._judge(wire_message(msg))
         elif not self.integrity_ok(msg.payload, shape_only=self._own_checks):
             verdict = CORRUPT
+        elif self._sparse_replay(msg):
+            verdict = REPLAYED
         else:
             verdict = self._judge(msg)
         if verdict.flagged:
             self._flagged_mbs.add(msg.mb_idx)
             self.flagged_mbs_total += 1
         return verdict
+
+    def _sparse_replay(self, msg: Message) -> bool:
+        """A sparse (masked) payload that carries an earlier one's exact values where their masks overlap."""
+        return self.sparse_replays.seen_before((msg.boundary, int(msg.role)), msg.payload)
 
     def _judge(self, msg: Message) -> Verdict:
         if not self._own_checks and self.replays.seen_before(self._fingerprint(msg.payload), msg.step):
