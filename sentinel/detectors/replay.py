@@ -73,8 +73,10 @@ class SparseReplayMemory:
     where that message is still remembered (chance collisions of coarse values, e.g. bf16, are spread
     over many messages and match a small share of each).
 
-    Only payloads that look sparse (at least `min_zeros` of 64 seeded sample entries exactly zero: masked
-    traffic; honest dense tensors have no exact zeros) are checked; dense ones are left to the exact
+    The Verifier asks only for roles whose codec keeps random positions (`Codec.random_positions`: top-k
+    keeps data-dependent ones, and a stage whose weights barely move repeats them honestly, values and
+    all). Only payloads that look sparse (at least `min_zeros` of 64 seeded sample entries exactly zero:
+    masked traffic; honest dense tensors have no exact zeros) are checked; dense ones are left to the exact
     fingerprint (`ReplayMemory`), so the dense hot path costs one 64-entry gather. At most
     `max_positions` positions are tracked (a seeded subset of larger tensors; the overlap grows with the
     tensor, so a subset keeps the evidence and bounds the memory at max_positions x slots x 8 bytes per

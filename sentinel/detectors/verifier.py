@@ -7,10 +7,10 @@ not depend on the detector:
 - integrity: a payload with NaN / Inf, a non-float dtype or the wrong shape is flagged at once and
   never reaches the detector (so never its baseline); its verdict carries `score_integrity = 1`;
 - replay: the relay remembers a fingerprint of every tensor it relayed recently (replay.py); a
-  tensor it has already relayed is flagged at once (`score_replay = 1`). Sparse payloads whose kept
-  positions change per message (random masking re-masks a replayed tensor, so it never repeats) are
-  checked on the positions two masks share: an earlier message's exact values there are a replay
-  (`SparseReplayMemory`; the same verdict);
+  tensor it has already relayed is flagged at once (`score_replay = 1`). Under a codec whose kept
+  positions are random per message (`Codec.random_positions`: random masking re-masks a replayed tensor,
+  so it never repeats) sparse payloads are checked on the positions two masks share: an earlier
+  message's exact values there are a replay (`SparseReplayMemory`; the same verdict);
 - cascade suppression: once a microbatch is flagged, every later message of that microbatch in the
   same step is causally downstream of the flagged tensor (forward activations after it, and every
   gradient, all computed from it), so its checks are paused: the detector neither judges nor learns
@@ -49,10 +49,11 @@ class Verifier:
     """Integrity checks and cascade suppression around one detector."""
 
     def __init__(self, detector: Detector, *, mode: str = "closed_loop", payload_shape: tuple[int, ...] | None = None,
-                 seed: int = 0, view: str = "decoded"):
+                 seed: int = 0, view: str = "decoded", masked_roles: frozenset = frozenset()):
         self.detector, self.mode, self.payload_shape, self.view = detector, mode, payload_shape, view
         self.replays = ReplayMemory()
         self.sparse_replays = SparseReplayMemory(seed)
+        self.masked_roles = masked_roles  # roles whose codec keeps random positions (`Codec.random_positions`)
         self._fingerprint = Fingerprint(seed)
         self._own_checks = getattr(detector, "checks_payload", False)  # the detector checks NaN / replays itself
         self._step = -1
@@ -97,6 +98,8 @@ class Verifier:
 
     def _sparse_replay(self, msg: Message) -> bool:
         """A sparse (masked) payload that carries an earlier one's exact values where their masks overlap."""
+        if msg.role not in self.masked_roles:
+            return False
         return self.sparse_replays.seen_before((msg.boundary, int(msg.role)), msg.payload)
 
     def _judge(self, msg: Message) -> Verdict:
@@ -174,6 +177,9 @@ def build(scenario, engine):
     spec = scenario.detector
     cls = DETECTORS.get(spec.name)
     detector = cls(spec.config, seed=scenario.seed, env=make_env(scenario, engine))
+    from sentinel.transport.codecs import build_codecs
+
+    masked = frozenset(role for role, codec in build_codecs(scenario.transport).items() if codec.random_positions)
     verifier = Verifier(detector, mode=spec.mode, payload_shape=payload_shape(scenario), seed=scenario.seed,
-                        view=spec.view)
+                        view=spec.view, masked_roles=masked)
     return verifier, Responder(scenario.response, engine, verifier, mode=spec.mode)

@@ -68,7 +68,16 @@ def rows_of(shape: tuple[int, ...]) -> tuple[int, int]:
 
 
 class Codec:
-    """Base class. Subclasses define `Config`, `encode`, `decode` and `expected_nbytes`."""
+    """Base class. Subclasses define `Config`, `encode`, `decode` and `expected_nbytes`.
+
+    `random_positions`: the codec keeps a fresh pseudo-random subset of entries per message (whatever the
+    data), so a replayed tensor is re-masked and never repeats exactly; the relay then checks replays on
+    the positions two messages share (`detectors.replay.SparseReplayMemory`). Not for codecs whose kept
+    positions follow the data (top-k keeps the same large entries of a stage whose weights barely move,
+    with the same values: an honest repeat, seen under top-k 1%).
+    """
+
+    random_positions = False
 
     @dataclasses.dataclass(frozen=True, kw_only=True)
     class Config:
@@ -271,6 +280,8 @@ class RandomMask(Codec):
         keep: float = spec(0.05, gt=0, le=1, help="keep-rate q (95% compression = keep 0.05)")
         granularity: Literal["element", "feature"] = spec("element", help="mask entries, or whole channels")
         value_dtype: Literal["float32", "float16", "bfloat16"] = spec("float32", help="dtype of the kept values")
+
+    random_positions = True  # the relay checks re-masked replays (see `Codec`)
 
     def __init__(self, config: Config | None = None):
         super().__init__(config)

@@ -220,3 +220,19 @@ def test_env_says_whether_the_response_may_ask_for_a_substitute(tiny_scenario):
     assert env("response.on_flag=substitute").substitutes
     assert not env("response.on_flag=drop").substitutes
     assert not env("response.on_flag=substitute", "detector.mode=open_loop").substitutes  # never acts
+
+
+def test_the_relay_checks_re_masked_replays_only_under_a_random_position_codec():
+    from sentinel import scenario as scenario_mod
+    from sentinel.detectors.verifier import build
+    from sentinel.runner import build_engine
+    from sentinel.transport.message import Role
+
+    def verifier(codec: str):
+        sc = scenario_mod.load("scenarios/compression/random_mask95.yaml",
+                               ["adversary.attacks=[]", "scoring.twins=[]", f"transport.codec={codec}"])
+        return build(sc, build_engine(sc))[0]
+
+    assert verifier("{name: random_mask, keep: 0.05}").masked_roles == {Role.ACTIVATION, Role.GRADIENT}
+    assert verifier("{name: topk, fraction: 0.01}").masked_roles == frozenset()
+    assert verifier("{name: identity}").masked_roles == frozenset()
