@@ -143,8 +143,8 @@ def pairwise_pvalues(values: np.ndarray, owner: np.ndarray, groups: int) -> np.n
     tied = counts[cols, last.T + 1] - below  # k, n, groups: members of each value's block (itself included)
     u = np.matmul(ranked.transpose(0, 2, 1), below + 0.5 * tied)  # U[s, i, j] (the diagonal is unused)
     blocks = np.where(starts.T[:, :, None], tied, 0.0)  # k, n, groups: each block counted once
-    b1, b2, b3 = blocks.sum(axis=1), (blocks**2), (blocks**3).sum(axis=1)
-    cross = np.matmul((b2).transpose(0, 2, 1), blocks)  # sum over blocks of t_i^2 t_j
+    b1, b3 = blocks.sum(axis=1), (blocks**3).sum(axis=1)
+    cross = np.matmul((blocks**2).transpose(0, 2, 1), blocks)  # sum over blocks of t_i^2 t_j
     ties = b3[:, :, None] + b3[:, None, :] + 3 * cross + 3 * cross.transpose(0, 2, 1)
     ties -= b1[:, :, None] + b1[:, None, :]  # sum over blocks of (t^3 - t), t = t_i + t_j
     total = ni + nj

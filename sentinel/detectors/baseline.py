@@ -170,7 +170,8 @@ class Fences:
 
     threshold_i = Q3_i + k * IQR_i. `exceedance(values)` returns e_i = (x_i - Q3_i) / IQR_i, so that
     x_i > threshold_i <=> e_i > k; IQR is floored at 1% of |Q3| and at the statistic's resolution
-    (`set_resolution`) so a window of identical values does not make every later change infinitely surprising. With `log`, fences are computed on log values
+    (`set_resolution`) so a window of identical values does not make every later change infinitely
+    surprising. With `log` (one flag, or one per statistic), fences are computed on log values
     (multiplicative fences, threshold = Q3 * (Q3 / Q1)^k, floored at a 1% spread): scale-free, and
     suited to positive, right-skewed distances.
     """

@@ -28,8 +28,9 @@ Per stream:
                replicas of the sending stage must be beyond the inner fence together, it is drift: a
                message no more anomalous than them is accepted and learned, even beyond the outer fence
     replays    an exact repeat of a relayed tensor is flagged as certain (`replay.py`)
-with e_i = (d_i - Q3_i) / IQR_i (of log d_i for a log-fenced distance), so every rule reads "statistic > k" and the logged `exceedance` score
-sweeps the whole ROC of the rule from one open-loop run. A flagged message updates nothing.
+with e_i = (d_i - Q3_i) / IQR_i (of log d_i for a log-fenced distance), so every rule reads
+"statistic > k" and the logged `exceedance` score sweeps the whole ROC of the rule from one open-loop
+run. A flagged message updates nothing.
 
 Measured defaults (scenarios/paper/, see the issue note): combine `any` beats `vote` (which loses
 every attack only one distance sees, e.g. x0.5 scaling, seen by sliced Wasserstein alone) and `weighted`
