@@ -5,6 +5,8 @@ Both learn only from messages the detector accepted: a flagged message never mov
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 import torch
 
@@ -180,6 +182,7 @@ class Fences:
         self.names, self.window, self.k = names, window, k
         self._log = np.broadcast_to(np.asarray(log, dtype=bool), (len(names),)).copy()  # per statistic
         self.log = bool(self._log.all())
+        self._any_log = bool(self._log.any())
         self._buf = np.zeros((window, len(names)))
         self.count = 0
         self._pos = 0
@@ -193,29 +196,34 @@ class Fences:
         self.resolution = np.where(self._log, 0.0, np.asarray(resolution, dtype=float))
         self._q = None
 
-    def _t(self, values: np.ndarray) -> np.ndarray:
-        if not self._log.any():
+    def transform(self, values: np.ndarray) -> np.ndarray:
+        """The values on the fences' scale (log for log-fenced statistics): what `exceedance` and `push`
+        take as `t` when one message needs both (computed once)."""
+        if not self._any_log:
             return values
         return np.where(self._log, np.log(np.maximum(values, 1e-30)), values)
 
-    def push(self, values: np.ndarray) -> None:
-        self._buf[self._pos] = self._t(values)
+    def push(self, values: np.ndarray, t: np.ndarray | None = None) -> None:
+        self._buf[self._pos] = self.transform(values) if t is None else t
         self._pos = (self._pos + 1) % self.window
         self.count = min(self.count + 1, self.window)
         self._q = None
 
     def quartiles(self) -> tuple[np.ndarray, np.ndarray]:
-        """(Q3, IQR) per statistic over the window."""
+        """(Q3, IQR) per statistic over the window: numpy's default (linear) quantiles of each column."""
         if self._q is None:
             s = np.sort(self._buf[: self.count], axis=0)
-            q1, q3 = _quantile(s, 0.25), _quantile(s, 0.75)
+            rows, (f1, f3) = _quartile_rows(self.count)
+            r = s[rows]  # the order statistics Q1 and Q3 interpolate between, gathered at once
+            q1 = r[0] + f1 * (r[1] - r[0])
+            q3 = r[2] + f3 * (r[3] - r[2])
             iqr = np.maximum(q3 - q1, np.where(self._log, 0.01, np.maximum(0.01 * np.abs(q3) + 1e-30, self.resolution)))
             self._q = (q3, iqr)
         return self._q
 
-    def exceedance(self, values: np.ndarray) -> np.ndarray:
+    def exceedance(self, values: np.ndarray, t: np.ndarray | None = None) -> np.ndarray:
         q3, iqr = self.quartiles()
-        return (self._t(values) - q3) / iqr
+        return ((self.transform(values) if t is None else t) - q3) / iqr
 
     def level(self, k: float) -> np.ndarray:
         """The fence at `k` (Q3 + k * IQR, back on the statistics' own scale), one value per statistic."""
@@ -229,9 +237,14 @@ class Fences:
         return {n: float(v) for n, v in zip(self.names, self.level(self.k))}
 
 
-def _quantile(sorted_rows: np.ndarray, q: float) -> np.ndarray:
-    """Linear-interpolation quantile (numpy's default) of each column of an already sorted array."""
-    pos = q * (len(sorted_rows) - 1)
-    lo = int(pos)
-    hi = min(lo + 1, len(sorted_rows) - 1)
-    return sorted_rows[lo] + (pos - lo) * (sorted_rows[hi] - sorted_rows[lo])
+@functools.cache
+def _quartile_rows(n: int) -> tuple[list[int], tuple[float, float]]:
+    """For n sorted values: the rows [lo1, hi1, lo3, hi3] that Q1 and Q3 interpolate between, and their
+    fractions (numpy's default linear quantile: position q * (n - 1))."""
+    rows, fracs = [], []
+    for q in (0.25, 0.75):
+        pos = q * (n - 1)
+        lo = int(pos)
+        rows += [lo, min(lo + 1, n - 1)]
+        fracs.append(pos - lo)
+    return rows, tuple(fracs)

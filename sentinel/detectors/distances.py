@@ -39,6 +39,7 @@ import torch
 # OpenBLAS computes a matrix product of at most this many multiply-adds (M * N * K) in the calling thread
 # (its SMP_THRESHOLD_MIN * GEMM_MULTITHREAD_THRESHOLD); a larger one wakes its thread pool (see `signature`).
 BLAS_SINGLE_THREAD_MNK = 4 * 65536
+_NO_NORMS = np.zeros(0, dtype=np.float32)  # `kernels.prepare` without clipping reads no norms
 
 DISTANCES = ("l1", "l2_normalized", "sign_flip_ratio", "sliced_wasserstein", "z_mean", "skewness")
 PAPER_DISTANCES = ("l1", "l2_normalized", "sign_flip_ratio", "sliced_wasserstein")
@@ -70,19 +71,18 @@ class Projections:
         self.levels = (np.arange(num_quantiles) + 0.5) / num_quantiles
         self.num_quantiles = num_quantiles
         self._index: dict[int, np.ndarray] = {}
-        self._work: dict[int, tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
+        self._work: dict[int, np.ndarray] = {}
         self._layouts: dict[tuple, Layout] = {}
 
     @property
     def num_projections(self) -> int:
         return self.theta.shape[0]
 
-    def workspace(self, m: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """Three reused float32 (m, C + P) scratch arrays (fresh large temporaries cost page faults that dwarf
-        the arithmetic)."""
+    def workspace(self, m: int) -> np.ndarray:
+        """A reused float32 (m, C + P) scratch array (fresh large temporaries cost page faults that dwarf the
+        arithmetic)."""
         if m not in self._work:
-            shape = (m, self.theta.shape[1] + self.num_projections)
-            self._work[m] = tuple(np.empty(shape, dtype=np.float32) for _ in range(3))
+            self._work[m] = np.empty((m, self.theta.shape[1] + self.num_projections), dtype=np.float32)
         return self._work[m]
 
     def project(self, tokens: np.ndarray, out: np.ndarray) -> np.ndarray:
@@ -101,57 +101,41 @@ class Projections:
         return self._index[n]
 
 
-def clip_tokens(tokens: np.ndarray, clip: float, sample: slice = slice(None)) -> np.ndarray:
-    """Winsorise token norms: a token longer than `clip` x the median norm of the non-zero tokens (the upper
-    median for an even count; over the `sample` rows of `tokens`, the ones the moments look at) is scaled
-    down to that length (direction kept). Returns `tokens` itself when no token is that long.
-
-    What it assumes about honest traffic: the tokens of one message have norms of one order of magnitude
-    (dense traffic: the longest token of a microbatch is 2-3x the median). Compressed or unstable
-    traffic breaks that (a 95% random mask rescales kept entries 20x, and the masked model's own
-    activations and gradients then carry tokens 100-10^6x the median); a handful of such tokens would
-    dominate every mean and moment of the signature, so their share is capped. Zero tokens (fully masked,
-    or a zeroed message) are left out of the median so they cannot pull the cap down to zero.
-    Squared norms throughout (the median of squares is the square of the median): one pass, no sqrt
-    unless something is clipped.
-    """
-    sq = np.einsum("ij,ij->i", tokens, tokens)
-    pos = sq[sample]
-    pos = pos[pos > 0]
-    if pos.size == 0:
-        return tokens
-    half = pos.size // 2
-    cap2 = clip * clip * float(np.partition(pos, half)[half])
-    if not sq.max() > cap2:
-        return tokens
-    scale = np.sqrt(np.minimum(1.0, cap2 / np.maximum(sq, 1e-30))).astype(np.float32)
-    return tokens * scale[:, None]
-
-
 def signature(x: torch.Tensor, proj: Projections, pooling: str, max_tokens: int | None = None,
               offset: int = 0, token_clip: float | None = None) -> np.ndarray:
-    """Flat float64 signature of one payload of shape (..., C); pure, vectorised, no loop over data.
+    """Flat float64 signature of one payload of shape (..., C); pure, vectorised, no loop over data in Python.
 
     Computed on the CPU (the verifier is a CPU relay; a GPU payload is copied over once) in reused
-    scratch buffers: on tensors this size the cost is the number of operations, not arithmetic.
-    The pooled mean uses every token; the higher moments, the slices and the median token norm of
-    `token_clip` use every s-th token from `offset` (s = ceil(N / max_tokens)), which bounds the cost
-    per message; the caller draws `offset` at random per message so a sender cannot know which of its
-    tokens are looked at.
+    scratch buffers. The pooled mean uses every token; the higher moments, the slices and the median
+    token norm of `token_clip` use every s-th token from `offset` (s = ceil(N / max_tokens)), which bounds
+    the cost per message; the caller draws `offset` at random per message so a sender cannot know which
+    of its tokens are looked at.
     Layout (see `Layout`): [pooled | skewness of the C features and P slices | sliced quantiles (P*Q)
     | ||pooled||^2].
 
-    Everything here runs in the calling thread: the checks are many small operations, and threading
-    them costs more than it saves. numpy's BLAS (OpenBLAS) wakes a thread pool of its own for a product
-    above `BLAS_SINGLE_THREAD_MNK` multiply-adds, and its idle threads then busy-wait for a while: with
-    a message every few milliseconds they never rest, and they take the cores from the training's torch
-    threads (on a 2-core machine busy with other jobs, training with the detector ran 5 to 7 times
-    slower than with OPENBLAS_NUM_THREADS=1). torch's pool is no better for work this small: one of its
-    threads preempted by another process stalls the operation (~10 ms for a 128 x 128 x 32 product).
-    So the projections are computed in blocks below the threshold (`Projections.project`) and the mean
-    over every token is a numpy reduction, not a BLAS product. `np.add.reduce(a, axis=0)` then `/= m`
-    is `a.mean(axis=0)` without its Python wrapper, operation for operation.
+    Token clipping (`token_clip`, winsorising token norms): a token longer than `token_clip` x the median
+    norm of the non-zero sampled tokens (the upper median for an even count) is scaled down to that length,
+    direction kept, before anything else. What it assumes about honest traffic: the tokens of one message
+    have norms of one order of magnitude (dense traffic: the longest token of a microbatch is 2-3x the
+    median). Compressed or unstable traffic breaks that (a 95% random mask rescales kept entries 20x, and
+    the masked model's own activations and gradients then carry tokens 100-10^6x the median); a handful
+    of such tokens would dominate every mean and moment of the signature, so their share is capped. Zero
+    tokens (fully masked, or a zeroed message) are left out of the median so they cannot pull the cap down
+    to zero.
+
+    Cost: on tensors this size it is the number of calls, not the arithmetic (see `kernels.py`: the
+    clipping, sampling, pooling and moments are two compiled loops). Everything runs in the calling
+    thread: the checks are many small operations, and threading them costs more than it saves. numpy's
+    BLAS (OpenBLAS) wakes a thread pool of its own for a product above `BLAS_SINGLE_THREAD_MNK`
+    multiply-adds, and its idle threads then busy-wait for a while: with a message every few milliseconds
+    they never rest, and they take the cores from the training's torch threads (on a 2-core machine busy
+    with other jobs, training with the detector ran 5 to 7 times slower than with OPENBLAS_NUM_THREADS=1).
+    torch's pool is no better for work this small: one of its threads preempted by another process stalls
+    the operation (~10 ms for a 128 x 128 x 32 product). So the projections are computed in blocks below
+    the threshold (`Projections.project`).
     """
+    from sentinel.detectors import kernels  # numba loads on the first signature, not with the package
+
     C = x.shape[-1]
     t = x.detach()
     if t.dtype != torch.float32 or t.device.type != "cpu":
@@ -159,40 +143,26 @@ def signature(x: torch.Tensor, proj: Projections, pooling: str, max_tokens: int 
     tokens = t.numpy().reshape(-1, C)  # N, C (a view when possible)
     n = tokens.shape[0]
     stride = 1 if max_tokens is None or n <= max_tokens else -(-n // max_tokens)
-    rows = slice(offset % stride, None, stride)
-    if token_clip is not None:
-        tokens = clip_tokens(tokens, token_clip, rows)
-    sample = tokens[rows]
-    m = sample.shape[0]
-    both, d, d2 = proj.workspace(m)  # features and slices share the moment code
-    both[:, :C] = sample
-    proj.project(sample, out=both[:, C:])  # the token cloud along each direction
-    mean = np.add.reduce(both, axis=0)
-    mean /= m
-    np.subtract(both, mean, out=d)
-    np.multiply(d, d, out=d2)
-    m2 = np.add.reduce(d2, axis=0)
-    m2 /= m
-    m3 = np.add.reduce(np.multiply(d2, d, out=d2), axis=0)
-    m3 /= m
-    skew = m3 / np.maximum(m2 * np.sqrt(m2), 1e-30)  # 0 if constant
-    slices = np.ascontiguousarray(both[:, C:].T)  # P, m: one contiguous row per direction
-    slices.sort(axis=1)
-    quant = slices[:, proj.index(m)]  # P, Q
-    if pooling == "full":
-        pooled = tokens.reshape(-1)
-    elif stride == 1:
-        pooled = mean[:C]
+    start = offset % stride
+    both = proj.workspace(len(range(start, n, stride)))  # m, C + P: the sampled tokens, then their slices
+    feats = both[:, :C]
+    L = layout(tuple(x.shape), proj, pooling)
+    pooled = np.empty(L.pooled.stop - L.pooled.start, dtype=np.float32)
+    if token_clip is None:
+        kernels.prepare(tokens, _NO_NORMS, start, stride, 0.0, feats, pooled, pooling == "full")
     else:
-        pooled = np.add.reduce(tokens, axis=0)  # every token
-        pooled /= n
-    k = len(pooled)
-    sig = np.empty(k + len(skew) + quant.size + 1)  # float64; the float32 parts convert exactly
-    sig[:k] = pooled
-    sig[k : k + len(skew)] = skew
-    sig[k + len(skew) : -1] = quant.reshape(-1)
-    pooled = sig[:k]
-    sig[-1] = pooled @ pooled
+        sq = np.einsum("ij,ij->i", tokens, tokens)  # squared token norms
+        kernels.prepare(tokens, sq, start, stride, float(token_clip), feats, pooled, pooling == "full")
+    proj.project(feats, out=both[:, C:])  # the token cloud along each direction
+    skew = np.empty(both.shape[1], dtype=np.float32)
+    kernels.skewness(both, skew)
+    quant = np.sort(both[:, C:], axis=0)[proj.index(both.shape[0])]  # Q, P: each direction's quantiles
+    sig = np.empty(L.size)  # float64; the float32 parts convert exactly
+    p = sig[L.pooled]
+    p[:] = pooled
+    sig[L.skew] = skew
+    sig[L.quant].reshape(-1, quant.shape[0])[...] = quant.T
+    sig[L.sq_norm] = p @ p
     return sig
 
 
@@ -214,31 +184,19 @@ def resolutions(names: tuple[str, ...], lay: Layout) -> np.ndarray:
     return np.array([1.0 / pooled if name == "sign_flip_ratio" else 0.0 for name in names])
 
 
-def _mean(a: np.ndarray) -> float:
-    """`a.mean()` of a 1-D array without numpy's Python-level wrapper: the same sum, the same division."""
-    return np.add.reduce(a) / a.shape[0]
-
-
 def distances(sig: np.ndarray, base, names: tuple[str, ...]) -> np.ndarray:
-    """The named distances (in order) between a signature and a `BaselineView`."""
+    """The named distances (in order) between a signature and a `BaselineView` (one compiled pass computes
+    all six, `kernels.all_distances`; their definitions are in the module docstring)."""
+    from sentinel.detectors import kernels
+
     L = base.layout
-    p = sig[L.pooled]
-    diff = p - base.pooled
-    out = np.empty(len(names))
-    for i, name in enumerate(names):
-        if name == "l1":
-            out[i] = _mean(np.abs(diff))
-        elif name == "l2_normalized":
-            out[i] = np.sqrt(diff @ diff) * base.inv_rms
-        elif name == "sign_flip_ratio":
-            out[i] = np.count_nonzero(np.sign(p) != base.pooled_sign) / p.shape[0]
-        elif name == "sliced_wasserstein":
-            out[i] = _mean(np.abs(sig[L.quant] - base.quant))
-        elif name == "z_mean":
-            out[i] = np.sqrt(_mean(diff * diff * base.inv_var))
-        elif name == "skewness":
-            s = sig[L.skew]
-            out[i] = 1.0 - (s @ base.skew) / max(np.sqrt(s @ s) * base.skew_norm, 1e-30)
-        else:  # names are validated by the detector's Config
-            raise KeyError(name)
-    return out
+    out = np.empty(len(DISTANCES))
+    kernels.all_distances(sig, (L.pooled.start, L.pooled.stop), (L.skew.start, L.skew.stop),
+                          (L.quant.start, L.quant.stop), base.pooled, base.pooled_sign, base.skew, base.skew_norm,
+                          base.quant, base.inv_rms, base.inv_var, out)
+    if names == DISTANCES:
+        return out
+    return out[[_INDEX[name] for name in names]]  # names are validated by the detector's Config
+
+
+_INDEX = {name: i for i, name in enumerate(DISTANCES)}

@@ -19,7 +19,7 @@ Per stream:
                (sign_flip_ratio, skewness) as they are; a discrete statistic's IQR is floored at its
                resolution (one flipped feature for sign_flip_ratio)
     tokens     before the signature, a token longer than `token_clip` x the message's median token
-               norm is scaled down to that length (`distances.clip_tokens`): a few huge tokens (random
+               norm is scaled down to that length (`distances.signature`): a few huge tokens (random
                masking rescales kept entries 1/q) cannot dominate every pooled statistic
     combine    any     flag if some distance is above its fence           (statistic: max_i e_i)
                vote    flag if >= vote_m distances are                    (statistic: vote_m-th largest e_i)
@@ -282,11 +282,12 @@ class Sentinel(Detector):
             return Verdict({}, False)
         values = distances(sig, st.baseline.view(), self.names)
         d = dict(zip(self.names, values.tolist()))
+        t = st.fences.transform(values)  # on the fences' scale, once for the test and the window
         learn = True
         if st.fences.count >= self.config.min_history:
-            e = d["exceedance"] = self.statistic(st.fences.exceedance(values))
+            e = d["exceedance"] = self.statistic(st.fences.exceedance(values, t))
             if msg.step < self.config.warmup_steps:  # honest warm-up: learn everything, flag nothing (the
-                return self._accept(st, sig, lay, msg, values, d)  # statistic is still logged: peer tests use it)
+                return self._accept(st, sig, lay, msg, values, d, t)  # statistic is still logged: peer tests use it)
             stage = msg.boundary if msg.role == Role.ACTIVATION else msg.boundary + 1  # the sender's stage
             st.recent[msg.sender] = (msg.step, e if np.isfinite(e) else np.inf)
             shift = e > self.config.k_learn and self._stage_shift(st, msg.step, e, self.config.k_learn, stage)
@@ -299,14 +300,16 @@ class Sentinel(Detector):
             if e > self.config.k_learn and not learn:
                 d["outlier"] = 1.0  # between the fences: accepted, not learned (soft evidence for the responder)
         if learn:
-            return self._accept(st, sig, lay, msg, values, d)
+            return self._accept(st, sig, lay, msg, values, d, t)
         return Verdict(d, False)
 
-    def _accept(self, st: _Stream, sig: np.ndarray, lay, msg: Message, values: np.ndarray, d: dict) -> Verdict:
-        """Accept and learn: the baseline and the fences take the message in."""
+    def _accept(self, st: _Stream, sig: np.ndarray, lay, msg: Message, values: np.ndarray, d: dict,
+                t: np.ndarray) -> Verdict:
+        """Accept and learn: the baseline and the fences take the message in (`t`: the values on the fences'
+        scale)."""
         if np.isfinite(values).all():
             self._learn(st, sig, lay, msg)
-            st.fences.push(values)
+            st.fences.push(values, t)
         return Verdict(d, False)
 
     def thresholds(self, boundary: int, role) -> dict[str, float]:

@@ -10,7 +10,7 @@ import torch
 from scipy.stats import wasserstein_distance
 
 from sentinel.detectors.baseline import Baseline, Fences
-from sentinel.detectors.distances import DISTANCES, MAGNITUDES, Projections, clip_tokens, distances, layout, signature
+from sentinel.detectors.distances import DISTANCES, MAGNITUDES, Projections, distances, layout, signature
 
 
 def _payload(seed: int, shape=(4, 8, 16), skew: bool = True) -> torch.Tensor:
@@ -145,26 +145,28 @@ def test_auto_fence_scale_logs_the_magnitudes_only():
     assert "sign_flip_ratio" not in MAGNITUDES and "l1" in MAGNITUDES
 
 
-def test_clip_tokens_leaves_dense_traffic_alone():
-    x = np.random.default_rng(0).standard_normal((64, 16)).astype(np.float32)
-    assert clip_tokens(x, 10.0) is x  # Gaussian token norms are within 10x of their median
+def test_token_clip_leaves_dense_traffic_alone(proj):
+    x = torch.randn(4, 16, 16, generator=torch.Generator().manual_seed(0))  # Gaussian token norms: within 10x
+    np.testing.assert_array_equal(signature(x, proj, "token_mean", token_clip=10.0), signature(x, proj, "token_mean"))
 
 
-def test_clip_tokens_caps_huge_tokens_and_keeps_their_direction():
+def test_token_clip_caps_huge_tokens_and_keeps_their_direction(proj):
     rng = np.random.default_rng(1)
     x = rng.standard_normal((64, 16)).astype(np.float32)
     x[3] *= 1e4
     x[10:20] = 0.0  # masked-out tokens do not count toward the median
-    y = clip_tokens(x, 10.0)
     norms = np.linalg.norm(x, axis=1)
     nz = np.sort(norms[norms > 0])
     cap = 10.0 * nz[len(nz) // 2]  # the upper median
-    assert np.linalg.norm(y[3]) == pytest.approx(cap, rel=1e-5)
-    np.testing.assert_allclose(y[3] / np.linalg.norm(y[3]), x[3] / norms[3], rtol=1e-5)
+    y = x.copy()
+    y[3] *= cap / norms[3]
+    got = signature(torch.from_numpy(x), proj, "full", token_clip=10.0)
+    np.testing.assert_allclose(got[: x.size].reshape(x.shape), y, rtol=1e-5)  # `full` pooling: the tokens
     keep = np.arange(64) != 3
-    np.testing.assert_array_equal(y[keep], x[keep])
-    zeros = np.zeros((8, 16), np.float32)
-    assert clip_tokens(zeros, 10.0) is zeros
+    np.testing.assert_array_equal(got[: x.size].reshape(x.shape)[keep], x[keep])
+    zeros = torch.zeros(8, 16)
+    np.testing.assert_array_equal(signature(zeros, proj, "token_mean", token_clip=10.0),
+                                  signature(zeros, proj, "token_mean"))
 
 
 def test_token_clip_bounds_the_signature_shift_of_one_huge_token(proj):
