@@ -2,9 +2,9 @@
 
 Why compiled: the verifier runs between training operations, which evict its code and data from the
 CPU caches, so each numpy call there costs 5-15 us whatever its size (2-3 us in a tight loop), and a
-signature was about 30 of them. These two loops replace the ~20 calls of the token clipping, sampling,
-pooled mean and moments with two; the SENTINEL verifier's cost per message in the benchmark pipeline
-went down by about 15% (see `sentinel bench`, `detector_overhead`).
+signature was about 30 of them. These loops replace the ~20 calls of the token clipping, sampling,
+pooled mean and moments with two, and the ~20 of the distances with one; the SENTINEL verifier's time
+per step in the benchmark pipeline went from 17-19 ms to 15-17 ms (`sentinel bench`, `detector_overhead`).
 
 Bit-for-bit the numpy computation they replace: float32 throughout, sums accumulated row after row as
 `np.add.reduce(x, axis=0)` does on a C-ordered array, no fused multiply-add (numba's default,
