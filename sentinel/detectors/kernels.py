@@ -1,4 +1,4 @@
-"""Compiled (numba) loops of the verifier's per-message signature.
+"""Compiled (numba) loops of the verifier's per-message signature and distances.
 
 Why compiled: the verifier runs between training operations, which evict its code and data from the
 CPU caches, so each numpy call there costs 5-15 us whatever its size (2-3 us in a tight loop), and a
@@ -6,7 +6,7 @@ signature was about 30 of them. These loops replace the ~20 calls of the token c
 pooled mean and moments with two, and the ~20 of the distances with one; the SENTINEL verifier's time
 per step in the benchmark pipeline went from 17-19 ms to 15-17 ms (`sentinel bench`, `detector_overhead`).
 
-Bit-for-bit the numpy computation they replace: float32 throughout, sums accumulated row after row as
+The signature loops are bit-for-bit the numpy computation they replace: float32 throughout, sums accumulated row after row as
 `np.add.reduce(x, axis=0)` does on a C-ordered array, no fused multiply-add (numba's default,
 `fastmath=False`), the same median, cap and scale. A test compares them with a numpy reference on
 payloads with huge, zero, constant, NaN and infinite tokens.
