@@ -148,11 +148,8 @@ def signature(x: torch.Tensor, proj: Projections, pooling: str, max_tokens: int 
     feats = both[:, :C]
     L = layout(tuple(x.shape), proj, pooling)
     pooled = np.empty(L.pooled.stop - L.pooled.start, dtype=np.float32)
-    if token_clip is None:
-        kernels.prepare(tokens, _NO_NORMS, start, stride, 0.0, feats, pooled, pooling == "full")
-    else:
-        sq = np.einsum("ij,ij->i", tokens, tokens)  # squared token norms
-        kernels.prepare(tokens, sq, start, stride, float(token_clip), feats, pooled, pooling == "full")
+    sq = _NO_NORMS if token_clip is None else np.einsum("ij,ij->i", tokens, tokens)  # squared token norms
+    kernels.prepare(tokens, sq, start, stride, float(token_clip or 0.0), feats, pooled, pooling == "full")
     proj.project(feats, out=both[:, C:])  # the token cloud along each direction
     skew = np.empty(both.shape[1], dtype=np.float32)
     kernels.skewness(both, skew)

@@ -6,9 +6,9 @@ signature was about 30 of them. These loops replace the ~20 calls of the token c
 pooled mean and moments with two, and the ~20 of the distances with one; the SENTINEL verifier's time
 per step in the benchmark pipeline went from 17-19 ms to 15-17 ms (`sentinel bench`, `detector_overhead`).
 
-The signature loops are bit-for-bit the numpy computation they replace: float32 throughout, sums accumulated row after row as
-`np.add.reduce(x, axis=0)` does on a C-ordered array, no fused multiply-add (numba's default,
-`fastmath=False`), the same median, cap and scale. A test compares them with a numpy reference on
+The signature loops are bit-for-bit the numpy computation they replace: float32 throughout, sums
+accumulated row after row as `np.add.reduce(x, axis=0)` does on a C-ordered array, no fused multiply-add
+(numba's default, `fastmath=False`), the same median, cap and scale. A test compares them with a numpy reference on
 payloads with huge, zero, constant, NaN and infinite tokens.
 
 Compiled once per machine (`cache=True` keeps the machine code beside this file, ~1 s to load after the
