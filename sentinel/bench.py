@@ -183,8 +183,8 @@ def dist_vs_sim(quick: bool) -> dict:
     import json
     import tempfile
 
-    from sentinel.dist.launch import launch
-    from sentinel.dist.runtime import Options
+    from sentinel.distributed.launch import launch
+    from sentinel.distributed.runtime import Options
 
     steps = 4 if quick else 12
     overrides = ["pipeline.stages=3", f"training.steps={steps}", f"training.eval_every={steps}"]

@@ -38,7 +38,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     sc = scenario.load(args.scenario, args.set)
     out = Path(args.out) if args.out else _default_out(sc.name)
     if args.backend == "dist":
-        from sentinel.dist.launch import launch, options_from_cli
+        from sentinel.distributed.launch import launch, options_from_cli
 
         summary = launch(args.scenario, out, args.set, nproc=args.nproc, options=options_from_cli(args),
                          quiet=args.quiet)

@@ -11,12 +11,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from sentinel.cli import main
-from sentinel.dist import wire as W
-from sentinel.dist.faults import parse_faults
-from sentinel.dist.flow import RelayFlow
-from sentinel.dist.mapping import RankMap
-from sentinel.dist.merge import log_from_bytes, log_to_bytes, merge
-from sentinel.dist.runtime import check_supported
+from sentinel.distributed import wire as W
+from sentinel.distributed.faults import parse_faults
+from sentinel.distributed.flow import RelayFlow
+from sentinel.distributed.mapping import RankMap
+from sentinel.distributed.merge import log_from_bytes, log_to_bytes, merge
+from sentinel.distributed.runtime import check_supported
 from sentinel.engine.schedule import execute
 from sentinel.engine.sim import SimEngine
 from sentinel.engine.workers import WorkerTable

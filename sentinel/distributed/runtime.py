@@ -17,8 +17,8 @@ import torch
 import torch.distributed as dist
 
 from sentinel.data import Dataset
-from sentinel.dist.comm import Comm
-from sentinel.dist.mapping import RankMap
+from sentinel.distributed.comm import Comm
+from sentinel.distributed.mapping import RankMap
 from sentinel.engine.schedule import make_schedule
 from sentinel.engine.workers import Router, WorkerTable
 from sentinel.errors import ConfigError
@@ -37,7 +37,7 @@ class Options:
             wait 2x, collectives 3x, so the relay, which knows whom it waits for, reports first).
         checkpoint_every: save a checkpoint every n steps (0: never) under OUT/checkpoints/.
         resume: a checkpoint folder (OUT/checkpoints or one step-NNNNNN folder in it) to resume from.
-        faults: fault-injection specs (sentinel/dist/faults.py), for tests and chaos runs.
+        faults: fault-injection specs (sentinel/distributed/faults.py), for tests and chaos runs.
         device: "cpu", "cuda" or "auto" (cuda when available).
         backend: "gloo", "nccl" or "auto" (nccl when every local rank has its own GPU, else gloo).
     """

@@ -17,16 +17,16 @@ import sys
 from pathlib import Path
 
 from sentinel import scenario as scenario_mod
-from sentinel.dist.faults import parse_faults
-from sentinel.dist.mapping import RankMap, check_world
-from sentinel.dist.merge import merge
-from sentinel.dist.runtime import Options, check_supported
+from sentinel.distributed.faults import parse_faults
+from sentinel.distributed.mapping import RankMap, check_world
+from sentinel.distributed.merge import merge
+from sentinel.distributed.runtime import Options, check_supported
 from sentinel.errors import RunError
 from sentinel.eventlog import EventLog
 
 
 def options_from_cli(args) -> Options:
-    """Options from `sentinel run` flags (validated like `python -m sentinel.dist`'s)."""
+    """Options from `sentinel run` flags (validated like `python -m sentinel.distributed`'s)."""
     from sentinel.errors import ConfigError
 
     if args.timeout <= 0 or args.checkpoint_every < 0:
@@ -43,7 +43,7 @@ def default_nproc(sc) -> int:
 def torchrun_command(scenario_path: str, out: Path, overrides: list[str], nproc: int, options: Options,
                      quiet: bool) -> list[str]:
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
-           "--monitor-interval=1", "-m", "sentinel.dist", str(scenario_path), "--out", str(out),
+           "--monitor-interval=1", "-m", "sentinel.distributed", str(scenario_path), "--out", str(out),
            "--timeout", str(options.timeout_s), "--device", options.device, "--backend", options.backend]
     for item in overrides:
         cmd += ["--set", item]

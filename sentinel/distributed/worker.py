@@ -25,10 +25,10 @@ import time
 import torch
 import torch.distributed as dist
 
-from sentinel.dist import wire as W
-from sentinel.dist.faults import FaultInjector, parse_faults
-from sentinel.dist.mapping import RELAY
-from sentinel.dist.runtime import Mesh, Runtime
+from sentinel.distributed import wire as W
+from sentinel.distributed.faults import FaultInjector, parse_faults
+from sentinel.distributed.mapping import RELAY
+from sentinel.distributed.runtime import Mesh, Runtime
 from sentinel.engine.optim import lr_at
 from sentinel.engine.sim import Replica
 from sentinel.eventlog import EventLog
@@ -278,7 +278,7 @@ class WorkerRank(Mesh):
             r.saved.clear()
 
     def restore(self, state: dict) -> None:
-        """Rebuild the hosted replicas from a checkpoint (sentinel/dist/checkpoint.py loaded the rest)."""
+        """Rebuild the hosted replicas from a checkpoint (sentinel/distributed/checkpoint.py loaded the rest)."""
         self.replicas = {}
         for wid, rs in state["replicas"].items():
             rep = Replica(wid, self.stage, copy.deepcopy(self.template), self.sc)

@@ -6,7 +6,7 @@ stages. Here one relay process does it for every boundary: a sender's message go
 for a verdict and the response policy for a delivery, and forwards the delivered tensor -- or a
 "dropped" notice -- to the receiver. The receiver never uses a payload the relay did not pass.
 
-Parity with `sim`: the relay runs sim's control flow (sentinel/dist/flow.py) under the same
+Parity with `sim`: the relay runs sim's control flow (sentinel/distributed/flow.py) under the same
 `schedule.execute`, so it takes messages in sim's global order: same message ids, same sequence of
 `verifier.observe` calls (detectors are stateful), same strikes, bans and replacements. It broadcasts
 the step's bans and replacements before the DP sync, so every rank routes the next step identically.
@@ -29,10 +29,10 @@ import torch
 import torch.distributed as dist
 
 from sentinel.detectors.base import Verdict
-from sentinel.dist import wire as W
-from sentinel.dist.flow import RelayFlow
-from sentinel.dist.mapping import RELAY
-from sentinel.dist.runtime import Mesh, Runtime
+from sentinel.distributed import wire as W
+from sentinel.distributed.flow import RelayFlow
+from sentinel.distributed.mapping import RELAY
+from sentinel.distributed.runtime import Mesh, Runtime
 from sentinel.engine.schedule import execute
 from sentinel.engine.workers import WorkerTable
 from sentinel.eventlog import EventLog
@@ -85,7 +85,7 @@ class RelayRank(Mesh):
         self.limit = W.body_limit(self.payload_shape)
         self.step_s: list[float] = []
         self.rejected = 0
-        self.hooks: list = []  # engine step hooks do not run on dist (sentinel.dist.runtime.check_supported)
+        self.hooks: list = []  # engine step hooks do not run on dist (sentinel.distributed.runtime.check_supported)
 
     # -- one step ------------------------------------------------------------------------------------
     def train_step(self) -> float:
@@ -114,7 +114,7 @@ class RelayRank(Mesh):
         what = f"the {role.label} of step {step} mb {mb} across boundary {boundary} from {ids[sender]}"
         h = self.rt.comm.recv((W.HEADER_LEN,), torch.int64, src, what, W.CPU).tolist()
         if h[0] != W.MAGIC or h[7] < 0 or h[8] < 0:
-            from sentinel.dist.comm import PeerFault
+            from sentinel.distributed.comm import PeerFault
 
             raise PeerFault(src, f"{self.rank_map.describe(src)} broke the wire framing while sending {what}: {h}")
         body = W.recv_body(self.rt.comm, src, h[7] + h[8], self.limit, what)

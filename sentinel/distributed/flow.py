@@ -15,7 +15,7 @@ from collections.abc import Callable
 import numpy as np
 import torch
 
-from sentinel.dist.wire import KIND_ACT, KIND_GRAD
+from sentinel.distributed.wire import KIND_ACT, KIND_GRAD
 from sentinel.engine.schedule import Action
 from sentinel.transport.message import Role
 

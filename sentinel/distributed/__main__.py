@@ -1,4 +1,4 @@
-"""`torchrun ... -m sentinel.dist SCENARIO --out DIR [options]`: one rank of a dist run.
+"""`torchrun ... -m sentinel.distributed SCENARIO --out DIR [options]`: one rank of a dist run.
 
 Every rank runs this with the same arguments; rank 0 becomes the relay and writes the result folder,
 the others host workers. `sentinel run SCENARIO --backend dist --nproc N` launches it locally.
@@ -13,9 +13,9 @@ import sys
 import traceback
 from pathlib import Path
 
-from sentinel.dist.driver import relay_trainer, worker_loop, write_exit
-from sentinel.dist.faults import parse_faults
-from sentinel.dist.runtime import Options, Runtime, check_supported
+from sentinel.distributed.driver import relay_trainer, worker_loop, write_exit
+from sentinel.distributed.faults import parse_faults
+from sentinel.distributed.runtime import Options, Runtime, check_supported
 from sentinel.errors import ConfigError, SentinelError
 
 
@@ -24,7 +24,7 @@ class Terminated(BaseException):
 
 
 def make_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m sentinel.dist", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="python -m sentinel.distributed", description=__doc__.splitlines()[0])
     p.add_argument("scenario")
     p.add_argument("--out", required=True, help="result folder (on rank 0's host; every rank must see the same path)")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
@@ -68,7 +68,7 @@ def _rank0(args: argparse.Namespace, rt: Runtime, top: Path) -> None:
 
 
 def rt_map(sc, rt: Runtime) -> list[tuple[int, str]]:
-    from sentinel.dist.mapping import RankMap
+    from sentinel.distributed.mapping import RankMap
 
     return RankMap(sc.pipeline.stages, sc.pipeline.replicas, rt.world).table()
 

@@ -18,11 +18,11 @@ from pathlib import Path
 
 import torch
 
-from sentinel.dist import checkpoint
-from sentinel.dist.merge import log_from_bytes, log_to_bytes, merge
-from sentinel.dist.relay import RelayRank
-from sentinel.dist.runtime import Runtime, check_supported
-from sentinel.dist.worker import WorkerRank
+from sentinel.distributed import checkpoint
+from sentinel.distributed.merge import log_from_bytes, log_to_bytes, merge
+from sentinel.distributed.relay import RelayRank
+from sentinel.distributed.runtime import Runtime, check_supported
+from sentinel.distributed.worker import WorkerRank
 from sentinel.errors import RunError
 from sentinel.eventlog import EventLog
 from sentinel.scenario import Scenario, validate
