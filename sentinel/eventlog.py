@@ -127,7 +127,9 @@ class EventLog:
         )
 
     def log_verdict(self, msg_id: int, verdict, acted: bool = True) -> None:
-        scores = getattr(verdict, "scores", {}) or {}
+        """One verdict: its statistics and, as `score_<marker> = 1`, its typed markers (the on-disk format)."""
+        scores = dict(verdict.scores)
+        scores.update((m.value, 1.0) for m in verdict.markers)
         for name in scores:
             self.verdicts.add_column(f"score_{name}", np.float32, np.nan)
         self.verdicts.append(msg=msg_id, flagged=bool(verdict.flagged), acted=acted,

@@ -41,7 +41,7 @@ def build_engine(scenario: Scenario, log: EventLog | None = None) -> SimEngine:
 
     engine = SimEngine(scenario, log)
     engine.transport.adversary = build_adversary(scenario, engine)
-    engine.transport.verifier, engine.transport.responder = build_defence(scenario, engine)
+    engine.transport.verifier, engine.transport.responder = build_defence(scenario, engine.mesh, engine.recompute)
     view = getattr(engine.transport.verifier, "detector_view", None)  # read-only, for white-box attacks
     if callable(view) and hasattr(engine.transport.adversary, "attach_detector_view"):
         engine.transport.adversary.attach_detector_view(view())

@@ -35,14 +35,17 @@ import dataclasses
 
 import torch
 
-from sentinel.detectors.base import Detector, DetectorEnv, Verdict
+from sentinel.detectors.base import Detector, DetectorEnv, Marker, Verdict
 from sentinel.detectors.replay import Fingerprint, ReplayMemory, SparseReplayMemory
+from sentinel.engine.workers import MeshControl
 from sentinel.registry import DETECTORS
+from sentinel.response import Responder
+from sentinel.transport.codecs import build_codecs
 from sentinel.transport.message import Message
 
-PAUSED = Verdict({"paused": 1.0}, False)
-CORRUPT = Verdict({"integrity": 1.0}, True)
-REPLAYED = Verdict({"replay": 1.0}, True)
+PAUSED = Verdict({}, False, frozenset({Marker.PAUSED}))
+CORRUPT = Verdict({}, True, frozenset({Marker.INTEGRITY}))
+REPLAYED = Verdict({}, True, frozenset({Marker.REPLAY}))
 
 
 class Verifier:
@@ -158,28 +161,20 @@ def payload_shape(scenario) -> tuple[int, int, int]:
     return (scenario.data.batch_size, scenario.model.seq_len, scenario.model.dim)
 
 
-def make_env(scenario, engine) -> DetectorEnv:
-    recompute = getattr(engine, "recompute", None)
-    workers = getattr(engine, "workers", None)
-    live = None
-    if workers is not None:
-        def live(stage_idx: int) -> list[str]:
-            return [workers.ids[i] for i in workers.live_in_stage(stage_idx)]
+def make_env(scenario, mesh: MeshControl | None = None, recompute=None) -> DetectorEnv:
+    """The detector's view: public facts of the scenario, who is live (from `mesh`), the trusted recomputation."""
     substitutes = scenario.detector.mode == "closed_loop" and scenario.response.on_flag == "substitute"
     return DetectorEnv(num_stages=scenario.pipeline.stages, payload_shape=payload_shape(scenario),
-                       recompute=recompute, live_replicas=live, substitutes=substitutes)
+                       recompute=recompute, live_replicas=mesh.live_in_stage if mesh is not None else None,
+                       substitutes=substitutes)
 
 
-def build(scenario, engine):
+def build(scenario, mesh: MeshControl, recompute=None) -> tuple[Verifier, Responder]:
     """(Verifier, Responder) for the scenario's `detector` and `response` sections."""
-    from sentinel.response import Responder
-
     spec = scenario.detector
     cls = DETECTORS.get(spec.name)
-    detector = cls(spec.config, seed=scenario.seed, env=make_env(scenario, engine))
-    from sentinel.transport.codecs import build_codecs
-
+    detector = cls(spec.config, seed=scenario.seed, env=make_env(scenario, mesh, recompute))
     masked = frozenset(role for role, codec in build_codecs(scenario.transport).items() if codec.random_positions)
     verifier = Verifier(detector, mode=spec.mode, payload_shape=payload_shape(scenario), seed=scenario.seed,
                         view=spec.view, masked_roles=masked)
-    return verifier, Responder(scenario.response, engine, verifier, mode=spec.mode)
+    return verifier, Responder(scenario.response, mesh, mode=spec.mode)

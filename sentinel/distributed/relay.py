@@ -28,33 +28,21 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from sentinel.detectors.base import Verdict
+from sentinel.detectors.base import Marker, Verdict
 from sentinel.distributed import wire as W
 from sentinel.distributed.flow import RelayFlow
 from sentinel.distributed.mapping import RELAY
 from sentinel.distributed.runtime import Mesh, Runtime
 from sentinel.engine.schedule import execute
-from sentinel.engine.workers import WorkerTable
+from sentinel.engine.workers import MeshControl, WorkerTable
 from sentinel.eventlog import EventLog
 from sentinel.model import build_stages, loss_fn
 from sentinel.scenario import Scenario
 from sentinel.transport.codecs import CodecContext
-from sentinel.transport.message import Message, Role
+from sentinel.transport.message import Message, Role, canonical_key
 
-WIRE_REJECT = Verdict({"integrity": 1.0, "wire_reject": 1.0}, True)
+WIRE_REJECT = Verdict({}, True, frozenset({Marker.INTEGRITY, Marker.WIRE_REJECT}))
 BAN, ADD = 1, 2
-
-
-class _RecordingTable(WorkerTable):
-    """The relay's worker table: every ban is also recorded as an event for the other ranks."""
-
-    def __init__(self, num_stages: int, num_replicas: int):
-        super().__init__(num_stages, num_replicas)
-        self.events: list[tuple[int, int, int]] = []
-
-    def ban(self, wid: str) -> None:
-        super().ban(wid)
-        self.events.append((BAN, self.index(wid), 0))
 
 
 class _Transport:
@@ -64,13 +52,21 @@ class _Transport:
         self.bytes_sent, self.verifier_s = 0, 0.0
         self.sim_time_s = None  # no simulated network clock: a dist run measures real time
         self.adversary = self.verifier = self.responder = None
+        self.records: list = []
+
+    def end_step(self, step: int) -> None:
+        records, self.records = sorted(self.records, key=lambda r: canonical_key(r[0])), []
+        if self.responder is not None:
+            self.responder.end_step(step, records)
 
 
 class RelayRank(Mesh):
     """Rank 0. Also the engine object `sentinel.runner` sees (log, data, transport, workers, step)."""
 
     def __init__(self, sc: Scenario, rt: Runtime, log: EventLog):
-        super().__init__(sc, rt, _RecordingTable(sc.pipeline.stages, sc.pipeline.replicas))
+        super().__init__(sc, rt)
+        self.mesh = MeshControl(self.workers)
+        self.events: list[tuple[int, int, int]] = []  # this step's bans and additions, for the other ranks
         self.log = log
         for wid in self.workers.ids:
             self.log.worker_index(wid)  # stable integer ids: workers first, in mesh order (as sim)
@@ -81,7 +77,7 @@ class RelayRank(Mesh):
 
         # The malicious set, for scoring only: the attacks themselves run on the malicious workers' ranks.
         self.transport.adversary = build_adversary(sc, _Shadow(self.workers))
-        self.transport.verifier, self.transport.responder = build_defence(sc, self)
+        self.transport.verifier, self.transport.responder = build_defence(sc, self.mesh)
         self.limit = W.body_limit(self.payload_shape)
         self.step_s: list[float] = []
         self.rejected = 0
@@ -93,6 +89,8 @@ class RelayRank(Mesh):
         plan = self.router.route(step, self.num_microbatches)
         flow = RelayFlow(self.num_stages, plan, lambda *a: self._carry(step, *a), lambda *a: self._post(step, plan, *a))
         execute(self.schedule, flow.ready, flow.run)
+        self.transport.end_step(step)
+        self._apply_mesh_events()
         self._broadcast_events()
         losses = torch.zeros(2, dtype=torch.float64, device=self.rt.comm_device)
         dist.all_reduce(losses)  # (sum, count) of the last stage's losses
@@ -162,7 +160,7 @@ class RelayRank(Mesh):
         self.rejected += 1
         print(f"[relay] rejected msg {msg.msg_id} from {msg.sender} (step {msg.step}): {reason}", flush=True)
         if self.transport.responder is not None:
-            self.transport.responder.deliver(msg, WIRE_REJECT)  # strikes and bans; the payload is dropped
+            self.transport.records.append((msg, WIRE_REJECT))  # a strike for its sender; the payload is dropped
         return None
 
     def _verify(self, msg: Message) -> torch.Tensor | None:
@@ -181,29 +179,32 @@ class RelayRank(Mesh):
         self.log.log_verdict(msg.msg_id, verdict)
         if t.responder is None:
             return msg.payload
-        delivered = t.responder.deliver(msg, verdict)
+        t.records.append((msg, verdict))
+        delivered = t.responder.deliver(msg, verdict, t.verifier.substitute)
         return delivered if delivered is None or self._consumable(delivered) else None
 
     def _broadcast_events(self) -> None:
-        ev = self.workers.events
+        ev = self.events
         n = torch.tensor([len(ev)], dtype=torch.int64, device=self.rt.comm_device)
         dist.broadcast(n, RELAY)
         if ev:
             dist.broadcast(torch.tensor(ev, dtype=torch.int64, device=self.rt.comm_device).reshape(-1), RELAY)
         ev.clear()
 
-    # -- hooks for the defence (as SimEngine) ----------------------------------------------------------
-    def add_replica(self, stage_idx: int, rejoin_of: str | None = None) -> str:
-        """A replacement (or rejoining) worker: hosted by the least-loaded rank of its stage from the next step."""
-        idx = self.workers.add_replacement(stage_idx)
-        wid = self.workers.ids[idx]
-        self.rank_map.place(wid, stage_idx, self.workers)
-        self.log.worker_index(wid)
-        self.workers.events.append((ADD, stage_idx, self.workers.index(rejoin_of) if rejoin_of else -1))
-        rejoin = getattr(self.transport.adversary, "rejoin", None)
-        if rejoin_of is not None and rejoin is not None:
-            rejoin(rejoin_of, wid)
-        return wid
+    # -- the defence's decisions (as SimEngine) ---------------------------------------------------------
+    def _apply_mesh_events(self) -> None:
+        """Log bans; host added workers on the least-loaded rank of their stage; queue both for the other ranks."""
+        for ev in self.mesh.drain():
+            if ev.kind == "ban":
+                self.events.append((BAN, self.workers.index(ev.worker), 0))
+                self.log.log_ban(ev.step, ev.worker, ev.replaced_by)
+                continue
+            self.rank_map.place(ev.worker, ev.stage, self.workers)
+            self.log.worker_index(ev.worker)
+            self.events.append((ADD, ev.stage, self.workers.index(ev.rejoin_of) if ev.rejoin_of else -1))
+            rejoin = getattr(self.transport.adversary, "rejoin", None)
+            if ev.rejoin_of is not None and rejoin is not None:
+                rejoin(ev.rejoin_of, ev.worker)
 
     # -- evaluation --------------------------------------------------------------------------------------
     @torch.no_grad()

@@ -29,7 +29,7 @@ from sentinel.engine.dp_compress import build_dp_compressor
 from sentinel.engine.hooks import build_hooks
 from sentinel.engine.optim import lr_at, make_optimizer
 from sentinel.engine.schedule import Action, execute, make_schedule
-from sentinel.engine.workers import Router, WorkerTable
+from sentinel.engine.workers import MeshControl, Router, WorkerTable
 from sentinel.eventlog import EventLog
 from sentinel.model import Stage, build_stages, loss_fn
 from sentinel.registry import AGGREGATORS
@@ -75,13 +75,49 @@ class _StepState:
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class _Provenance:
-    """What the sender of the message in flight computed it from (read by `SimEngine.recompute`)."""
+    """What the sender of the message in flight computed it from (read by `TrustedRecompute`)."""
 
     msg: Message
     rep: Replica
     x: torch.Tensor  # the input the sender received (token ids on stage 0)
     grad_in: torch.Tensor | None  # backward: the gradient the sender received (None on the last stage)
     targets: torch.Tensor | None  # backward on the last stage: the true next-token targets
+
+
+class TrustedRecompute:
+    """The trusted recomputation hook of duplication-style detectors (`DetectorEnv.recompute`).
+
+    It holds the replicas (weights and inputs, no ground truth) and the provenance of the message in flight,
+    which the engine sets before each send; nothing else of the engine is reachable from it.
+    """
+
+    def __init__(self, replicas: list[Replica], workers: WorkerTable):
+        self.replicas, self.workers = replicas, workers
+        self.current: _Provenance | None = None
+
+    def __call__(self, msg: Message, worker: str | None = None) -> torch.Tensor | None:
+        """The honest value of `msg`: recomputed from the very input its sender received.
+
+        With the sender's stage module (or with replica `worker` of the same stage: cross-replica checks).
+        Forward: one stage forward. Backward: one stage forward + backward from the gradient the sender
+        received (on the last stage, from the loss on the true targets). Weights are honest in this testbed
+        (attacks corrupt messages, not parameters), so this is what a trusted party would compute.
+        Returns None for any message other than the one in flight. Costs one extra stage computation.
+        """
+        prov = self.current
+        key = (msg.step, msg.mb_idx, msg.boundary, msg.role)
+        if prov is None or (prov.msg.step, prov.msg.mb_idx, prov.msg.boundary, prov.msg.role) != key:
+            return None
+        rep = prov.rep if worker is None else self.replicas[self.workers.index(worker)]
+        if msg.role == Role.ACTIVATION:
+            with torch.no_grad():
+                return rep.module(prov.x)
+        with torch.enable_grad():
+            x = prov.x.detach().requires_grad_()
+            out = rep.module(x)
+            if prov.targets is not None:
+                out = loss_fn(out, prov.targets)
+            return torch.autograd.grad(out, x, grad_outputs=prov.grad_in)[0]
 
 
 class SimEngine:
@@ -102,6 +138,7 @@ class SimEngine:
         p = scenario.pipeline
         self.num_stages, self.num_microbatches = p.stages, p.microbatches
         self.workers = WorkerTable(p.stages, p.replicas)
+        self.mesh = MeshControl(self.workers)  # the response policy's view: bans and additions become events
         for wid in self.workers.ids:
             self.log.worker_index(wid)  # stable integer ids: workers first, in mesh order
         stages = build_stages(scenario.model, self.vocab, p.stages, scenario.seed)
@@ -118,7 +155,7 @@ class SimEngine:
             adversary=adversary, verifier=verifier, responder=responder,
         )
         self.step = 0
-        self._sending: _Provenance | None = None
+        self.recompute = TrustedRecompute(self.replicas, self.workers)
         self.dp_compressor = build_dp_compressor(scenario)  # None unless dp.compression is set
         self.hooks = build_hooks(scenario, self)  # codecs, sparse averaging, asynchrony, network clock
 
@@ -130,6 +167,8 @@ class SimEngine:
         for h in self.hooks:
             h.before_pipeline(self, st)
         execute(self.schedule, lambda a: self._ready(st, a), lambda a: self._run(st, a))
+        self.transport.end_step(step)  # bans and replacements, agreed before DP sync
+        self._apply_mesh_events()
         stepped = self._dp_sync(step)
         for h in self.hooks:
             h.before_update(self, st)
@@ -172,7 +211,7 @@ class SimEngine:
         rep.saved[mb] = (x, out)
         receiver = self.workers.ids[st.plan[mb, s + 1]]
         msg = Message(st.step, mb, s, Role.ACTIVATION, rep.wid, receiver, out)
-        self._sending = _Provenance(msg, rep, x.detach(), None, None)  # for the trusted recompute hook
+        self.recompute.current = _Provenance(msg, rep, x.detach(), None, None)  # for the trusted recompute hook
         delivered = self.transport.send(msg)
         if delivered is None:
             st.act_in[(s + 1, mb)] = DROPPED
@@ -201,7 +240,7 @@ class SimEngine:
         sender_to = self.workers.ids[st.plan[mb, s - 1]]
         msg = Message(st.step, mb, s - 1, Role.GRADIENT, rep.wid, sender_to, x.grad)
         targets = st.batch[mb, :, 1:] if g is None else None
-        self._sending = _Provenance(msg, rep, x.detach(), g, targets)  # for the trusted recompute hook
+        self.recompute.current = _Provenance(msg, rep, x.detach(), g, targets)  # for the trusted recompute hook
         delivered = self.transport.send(msg)
         st.grad_in[(s - 1, mb)] = DROPPED if delivered is None else delivered
 
@@ -243,52 +282,32 @@ class SimEngine:
             r.n_backward = 0
             r.saved.clear()
 
-    # -- hooks for the defence (sentinel/detectors, sentinel/response.py) ---------------------------
-    def add_replica(self, stage_idx: int, rejoin_of: str | None = None) -> str:
-        """Add a replica to a stage (a replacement, or a rejoining worker) and return its new id.
+    # -- the defence's decisions (sentinel/response.py, through MeshControl) -----------------------------
+    def _apply_mesh_events(self) -> None:
+        """Carry out the response policy's bans and additions: log bans, build added replicas."""
+        for ev in self.mesh.drain():
+            if ev.kind == "ban":
+                self.log.log_ban(ev.step, ev.worker, ev.replaced_by)
+            else:
+                self._add_replica(ev.worker, ev.stage, ev.rejoin_of)
+
+    def _add_replica(self, wid: str, stage_idx: int, rejoin_of: str | None) -> None:
+        """Build the replica of a worker just added to the table (a replacement, or a rejoining worker).
 
         It copies the weights and optimizer state of the stage's first live replica, so it is in sync
         under synchronous DP; it is routed from the next step on. With `rejoin_of`, the adversary layer
         (if it has a `rejoin(old, new)` method) decides whether it controls the newcomer (Sybil).
         """
-        live = self.workers.live_in_stage(stage_idx)
+        live = [i for i in self.workers.live_in_stage(stage_idx) if i < len(self.replicas)]
         src = self.replicas[live[0]] if live else self.replicas[self.workers.stage.index(stage_idx)]
-        idx = self.workers.add_replacement(stage_idx)
-        wid = self.workers.ids[idx]
         rep = Replica(wid, stage_idx, copy.deepcopy(src.module), self.sc)
         rep.optimizer.load_state_dict(copy.deepcopy(src.optimizer.state_dict()))
         self.replicas.append(rep)
-        assert len(self.replicas) == len(self.workers.ids)
+        assert self.workers.ids[len(self.replicas) - 1] == wid
         self.log.worker_index(wid)
         rejoin = getattr(self.transport.adversary, "rejoin", None)
         if rejoin_of is not None and rejoin is not None:
             rejoin(rejoin_of, wid)
-        return wid
-
-    def recompute(self, msg: Message, worker: str | None = None) -> torch.Tensor | None:
-        """Trusted recomputation hook (duplication-style detectors): the honest value of `msg`.
-
-        Recomputes the message in flight from the very input its sender received, with the sender's
-        stage module (or with replica `worker` of the same stage: cross-replica checks). Forward: one
-        stage forward. Backward: one stage forward + backward from the gradient the sender received
-        (on the last stage, from the loss on the true targets). Weights are honest in this testbed
-        (attacks corrupt messages, not parameters), so this is what a trusted party would compute.
-        Returns None for any message other than the one in flight. Costs one extra stage computation.
-        """
-        prov = self._sending
-        key = (msg.step, msg.mb_idx, msg.boundary, msg.role)
-        if prov is None or (prov.msg.step, prov.msg.mb_idx, prov.msg.boundary, prov.msg.role) != key:
-            return None
-        rep = prov.rep if worker is None else self.replicas[self.workers.index(worker)]
-        if msg.role == Role.ACTIVATION:
-            with torch.no_grad():
-                return rep.module(prov.x)
-        with torch.enable_grad():
-            x = prov.x.detach().requires_grad_()
-            out = rep.module(x)
-            if prov.targets is not None:
-                out = loss_fn(out, prov.targets)
-            return torch.autograd.grad(out, x, grad_outputs=prov.grad_in)[0]
 
     # -- evaluation -------------------------------------------------------------------------------
     def reference_modules(self) -> list[Stage]:

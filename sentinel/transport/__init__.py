@@ -17,7 +17,7 @@ import torch
 
 from sentinel.eventlog import EventLog
 from sentinel.transport.codecs import Codec, CodecContext
-from sentinel.transport.message import Message, Role, Wire
+from sentinel.transport.message import Message, Role, Wire, canonical_key
 
 __all__ = ["Message", "Role", "Wire", "Transport", "Interceptor", "Verifier", "Responder"]
 
@@ -39,9 +39,11 @@ class Verifier(Protocol):
 
 
 class Responder(Protocol):
-    """Turns a verdict into the tensor the receiver gets (None = microbatch dropped)."""
+    """Turns a verdict into the tensor the receiver gets (None = microbatch dropped); weighs a step's verdicts."""
 
-    def deliver(self, msg: Message, verdict) -> torch.Tensor | None: ...
+    def deliver(self, msg: Message, verdict, substitute) -> torch.Tensor | None: ...
+
+    def end_step(self, step: int, records: list) -> None: ...
 
 
 class Transport:
@@ -67,6 +69,7 @@ class Transport:
         self.adversary, self.verifier, self.responder = adversary, verifier, responder
         self.bytes_sent = 0
         self.verifier_s = 0.0  # wall time spent in verifier.observe (cost accounting only)
+        self.records: list = []  # (message, verdict) of the current step, for the response policy's end_step
 
     def send(self, msg: Message) -> torch.Tensor | None:
         """Carry `msg` to its receiver; returns the tensor delivered, or None if dropped."""
@@ -94,7 +97,14 @@ class Transport:
         self.log.log_verdict(msg.msg_id, verdict)
         if self.responder is None:
             return msg.payload
-        return self.responder.deliver(msg, verdict)
+        self.records.append((msg, verdict))
+        return self.responder.deliver(msg, verdict, self.verifier.substitute)
+
+    def end_step(self, step: int) -> None:
+        """The response policy weighs the step's verdicts (canonical order) and decides bans."""
+        records, self.records = sorted(self.records, key=lambda r: canonical_key(r[0])), []
+        if self.responder is not None:
+            self.responder.end_step(step, records)
 
     def dp_contribution(self, step: int, stage_idx: int, worker: str, vec: torch.Tensor) -> torch.Tensor:
         """A replica's DP-sync contribution (the adversary may tamper with its own)."""

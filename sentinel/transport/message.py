@@ -51,3 +51,11 @@ class Wire:
 
     def nbytes(self) -> int:
         return sum(t.numel() * t.element_size() for t in self.tensors.values())
+
+
+def canonical_key(msg: Message) -> tuple[int, int, int, int]:
+    """The order in which a step's messages are weighed, whatever order they were sent in: by microbatch, then
+    along its path (activations across boundaries 0, 1, ..., then gradients back across ..., 1, 0)."""
+    if msg.role == Role.ACTIVATION:
+        return (msg.step, msg.mb_idx, 0, msg.boundary)
+    return (msg.step, msg.mb_idx, 1, -msg.boundary)

@@ -149,8 +149,14 @@ class _Drop:
 
         return Verdict({}, False)
 
-    def deliver(self, msg, verdict):
+    def deliver(self, msg, verdict, substitute=None):
         return None if (msg.step, msg.mb_idx, msg.boundary, int(msg.role)) in self.drops else msg.payload
+
+    def substitute(self, msg):
+        return None
+
+    def end_step(self, step, records):
+        pass
 
 
 @pytest.mark.parametrize("schedule", ["1f1b", "gpipe"])

@@ -90,8 +90,11 @@ def test_every_boundary_tensor_is_one_logged_message():
 class _DropBoundary:
     """A responder that drops every activation crossing boundary 1 for microbatch 0."""
 
-    def deliver(self, msg, verdict):
+    def deliver(self, msg, verdict, substitute=None):
         return None if (msg.boundary == 1 and msg.mb_idx == 0 and msg.role == 0) else msg.payload
+
+    def end_step(self, step, records):
+        pass
 
 
 class _AcceptAll:
@@ -99,6 +102,9 @@ class _AcceptAll:
         from sentinel.detectors import Verdict
 
         return Verdict({}, False)
+
+    def substitute(self, msg):
+        return None
 
 
 def test_dropped_microbatch_is_removed_from_the_step():

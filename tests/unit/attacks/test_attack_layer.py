@@ -217,7 +217,7 @@ def test_runner_hands_the_verifiers_detector_view_to_the_adversary(monkeypatch):
 
     import sentinel.detectors
 
-    monkeypatch.setattr(sentinel.detectors, "build_defence", lambda sc, engine: (FakeVerifier(), None))
+    monkeypatch.setattr(sentinel.detectors, "build_defence", lambda sc, mesh, recompute=None: (FakeVerifier(), None))
     engine = tiny_engine({"fraction": 0.34, "attacks": [{"name": "fence_evasion"}]})
     assert isinstance(engine.transport.adversary.view, View)
     assert isinstance(engine.transport.adversary.entries[0].attack.view, View)

@@ -84,9 +84,9 @@ def test_duplication_substitutes_the_honest_tensor(tiny_scenario):
     responder = engine.transport.responder
     inner = responder.deliver
 
-    def deliver(msg, verdict):
+    def deliver(msg, verdict, substitute):
         live = msg.sender not in responder.banned
-        out = inner(msg, verdict)
+        out = inner(msg, verdict, substitute)
         if verdict.flagged and live:
             pairs.append((msg.payload.clone(), out))
         return out

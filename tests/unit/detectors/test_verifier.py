@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import sentinel.detectors as detectors_pkg
-from sentinel.detectors.base import Detector, Verdict
+from sentinel.detectors.base import Detector, Marker, Verdict
 from sentinel.detectors.verifier import Verifier
 from sentinel.transport.message import Message, Role
 
@@ -47,7 +47,7 @@ def test_corrupt_payloads_are_flagged_without_reaching_the_detector(payload):
     v = Verifier(det, payload_shape=SHAPE)
     msg = Message(0, 0, 1, Role.ACTIVATION, "s1r0", "s2r0", payload)
     verdict = v.observe(msg)
-    assert verdict.flagged and verdict.scores == {"integrity": 1.0}
+    assert verdict.flagged and verdict.markers == {Marker.INTEGRITY} and verdict.certain
     assert det.seen == []
 
 
@@ -57,7 +57,7 @@ def test_cascade_suppression_pauses_the_rest_of_the_microbatch():
     assert v.observe(m(3, 1, 0, Role.ACTIVATION, 500.0)).flagged  # flagged at boundary 0
     paused = [v.observe(m(3, 1, 1, Role.ACTIVATION)), v.observe(m(3, 1, 1, Role.GRADIENT, 500.0)),
               v.observe(m(3, 1, 0, Role.GRADIENT))]
-    assert all(not p.flagged and p.scores == {"paused": 1.0} for p in paused)
+    assert all(not p.flagged and p.markers == {Marker.PAUSED} and not p.judged for p in paused)
     assert det.seen == [(3, 1, 0, 0)]  # the detector neither judged nor learned from downstream traffic
     assert not v.observe(m(3, 2, 1, Role.ACTIVATION)).flagged  # other microbatches are checked
     assert v.observe(m(4, 1, 1, Role.ACTIVATION, 500.0)).flagged  # and a new step starts afresh
@@ -76,9 +76,9 @@ def test_exact_replays_are_flagged_as_certain(own_checks):
         v.observe(m(step, 0, 0, Role.ACTIVATION))
     again = Message(5, 1, 0, Role.ACTIVATION, "s1r0", "s2r0", first.payload.clone())  # a stale tensor resent
     verdict = v.observe(again)
-    assert verdict.flagged and verdict.scores == {"replay": 1.0}
+    assert verdict.flagged and verdict.markers == {Marker.REPLAY}
     nudged = Message(6, 1, 0, Role.ACTIVATION, "s1r0", "s2r0", first.payload + 1e-3)
-    assert "replay" not in v.observe(nudged).scores  # not a replay: left to the statistics
+    assert Marker.REPLAY not in v.observe(nudged).markers  # not a replay: left to the statistics
 
 
 def test_sentinel_flags_non_finite_payloads_itself():
@@ -88,7 +88,7 @@ def test_sentinel_flags_non_finite_payloads_itself():
     v = Verifier(det, payload_shape=SHAPE)
     bad = m(0, 0, 0, Role.GRADIENT)
     bad.payload.view(-1)[5] = float("nan")
-    assert v.observe(bad) == Verdict({"integrity": 1.0}, True)
+    assert v.observe(bad) == Verdict({}, True, frozenset({Marker.INTEGRITY}))
     assert det._streams[(0, 1)].baseline.n == 0  # nothing learned from it
 
 
@@ -200,7 +200,7 @@ def test_wire_view_shows_the_detector_the_compressed_representation():
     bad = m(0, 2, 1, Role.ACTIVATION)
     bad.payload[0, 0, 0] = float("nan")
     bad.meta["wire_view"] = torch.ones(3)  # a clean-looking wire view cannot hide a corrupt decoded tensor
-    assert v.observe(bad).scores == {"integrity": 1.0} and len(det.shapes) == 2
+    assert v.observe(bad).markers == {Marker.INTEGRITY} and len(det.shapes) == 2
 
 
 def test_wire_view_is_rejected_for_recomputing_detectors(tiny_scenario):
@@ -215,7 +215,7 @@ def test_env_says_whether_the_response_may_ask_for_a_substitute(tiny_scenario):
     from sentinel.detectors.verifier import make_env
 
     def env(*overrides):
-        return make_env(tiny_scenario("detector.name=sentinel", *overrides), None)
+        return make_env(tiny_scenario("detector.name=sentinel", *overrides))
 
     assert env("response.on_flag=substitute").substitutes
     assert not env("response.on_flag=drop").substitutes
@@ -231,7 +231,7 @@ def test_the_relay_checks_re_masked_replays_only_under_a_random_position_codec()
     def verifier(codec: str):
         sc = scenario_mod.load("scenarios/compression/random_mask95.yaml",
                                ["adversary.attacks=[]", "scoring.twins=[]", f"transport.codec={codec}"])
-        return build(sc, build_engine(sc))[0]
+        return build(sc, build_engine(sc).mesh)[0]
 
     assert verifier("{name: random_mask, keep: 0.05}").masked_roles == {Role.ACTIVATION, Role.GRADIENT}
     assert verifier("{name: topk, fraction: 0.01}").masked_roles == frozenset()

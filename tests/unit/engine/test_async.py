@@ -113,7 +113,8 @@ def test_stragglers_run_max_staleness_behind():
 
 
 class _AddReplicaOnce:
-    """A verifier that adds a replica to stage 1 in the middle of step 2 (as a ban + replacement would)."""
+    """A verifier that adds a replica to stage 1 in step 2 (as a ban + replacement would: the engine builds it after
+    the pipeline, while the stale weights are still swapped in)."""
 
     def __init__(self):
         self.engine, self.added = None, None
@@ -122,7 +123,7 @@ class _AddReplicaOnce:
         from sentinel.detectors import Verdict
 
         if msg.step == 2 and self.added is None:
-            self.added = self.engine.add_replica(1)
+            self.added = self.engine.mesh.rejoin(1, "s1r0", 2)
         return Verdict({}, False)
 
 
