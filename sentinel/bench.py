@@ -152,7 +152,7 @@ def detector_overhead(quick: bool) -> dict:
 
     def record(name: str, engine, s_per_step: float) -> None:
         times[name].append(s_per_step)
-        verifier_s[name].append(engine.transport.verifier_s / (steps + 1))  # the warm-up step and the timed ones
+        verifier_s[name].append(engine.verifier_s / (steps + 1))  # the warm-up step and the timed ones
 
     def paired(name: str) -> float:
         return statistics.median(a / b for a, b in zip(times[name], times["none"]))

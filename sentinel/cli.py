@@ -43,7 +43,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         summary = launch(args.scenario, out, args.set, nproc=args.nproc, options=options_from_cli(args),
                          quiet=args.quiet)
     else:
-        dist_only = [f for f in ("nproc", "checkpoint_every", "resume", "device") if getattr(args, f, None)]
+        dist_only = [f for f in ("nproc", "verifiers", "device") if getattr(args, f, None)]
         if dist_only:
             raise ConfigError(f"--{dist_only[0].replace('_', '-')}: only used with --backend dist")
         summary = runner.run(sc, out, progress=None if not args.quiet else False, backend=args.backend)
@@ -140,7 +140,10 @@ def make_parser() -> argparse.ArgumentParser:
     r.add_argument("--out", help="result folder (default: runs/NAME-TIMESTAMP)")
     r.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a scenario key")
     r.add_argument("--backend", choices=["sim", "dist"], default="sim")
-    r.add_argument("--nproc", type=int, default=None, help="processes for --backend dist (default: workers + 1)")
+    r.add_argument("--nproc", type=int, default=None,
+                   help="processes for --backend dist (default: one per worker plus one verifier per boundary)")
+    r.add_argument("--verifiers", type=int, default=None, metavar="V",
+                   help="dist: verifier processes (default: one per stage boundary, as --nproc allows)")
     r.add_argument("--timeout", type=float, default=60.0, help="dist: seconds before a silent rank counts as stalled")
     r.add_argument("--checkpoint-every", type=int, default=0, metavar="N", help="dist: checkpoint every N steps")
     r.add_argument("--resume", metavar="DIR", help="dist: resume from the checkpoints of a previous run folder")

@@ -24,6 +24,10 @@ from pathlib import Path
 
 import yaml
 
+from attacks import build_adversary
+from sentinel.detectors import build_defence
+from sentinel.detectors.verifier import detector_view
+from sentinel.engine.clock import network_report
 from sentinel.engine.sim import SimEngine
 from sentinel.errors import RunError
 from sentinel.eventlog import EventLog
@@ -31,26 +35,22 @@ from sentinel.scenario import Scenario
 from sentinel.scoring.metrics import impact_metrics
 from sentinel.scoring.report import finish
 from sentinel.scoring.summary import build_summary, confirmation_metrics
-from sentinel.transport.clock import network_report
 
 
 def build_engine(scenario: Scenario, log: EventLog | None = None) -> SimEngine:
-    """The engine with this scenario's adversary, verifier and response policy installed."""
-    from attacks import build_adversary
-    from sentinel.detectors import build_defence
-
+    """The engine with this scenario's adversary, verifiers and response policy installed."""
     engine = SimEngine(scenario, log)
-    engine.transport.adversary = build_adversary(scenario, engine)
-    engine.transport.verifier, engine.transport.responder = build_defence(scenario, engine.mesh, engine.recompute)
-    view = getattr(engine.transport.verifier, "detector_view", None)  # read-only, for white-box attacks
-    if callable(view) and hasattr(engine.transport.adversary, "attach_detector_view"):
-        engine.transport.adversary.attach_detector_view(view())
+    adversary = build_adversary(scenario, engine)
+    engine.set_adversary(adversary)
+    verifiers, responder = build_defence(scenario, engine.mesh, engine.recompute, engine.relay.inflight)
+    engine.install_defence(verifiers, responder)
+    if verifiers and adversary is not None:  # read-only, for white-box attacks
+        adversary.attach_detector_view(detector_view(verifiers))
     return engine
 
 
-def malicious_workers(engine: SimEngine) -> list[str]:
-    adv = engine.transport.adversary
-    return sorted(getattr(adv, "malicious", []) or [])
+def malicious_workers(engine) -> list[str]:
+    return sorted(engine.adversary.malicious) if engine.adversary is not None else []
 
 
 def twin_scenario(scenario: Scenario, kind: str) -> Scenario:
@@ -106,7 +106,7 @@ def train(scenario: Scenario, out_dir: Path | None, progress: bool | None = None
         bar.close()
         if out_dir is not None:
             out_dir.mkdir(parents=True, exist_ok=True)
-            log.save(out_dir)
+            log.canonicalize().save(out_dir)
             (out_dir / "failure.txt").write_text(
                 f"run failed at step {engine.step}: {exc!r}\n\n{traceback.format_exc()}"
             )
@@ -117,6 +117,7 @@ def train(scenario: Scenario, out_dir: Path | None, progress: bool | None = None
             + (f" (partial EventLog and traceback saved in {out_dir})" if out_dir else "")
         ) from exc
     bar.close()
+    log.canonicalize()
     if out_dir is not None:
         out_dir.mkdir(parents=True, exist_ok=True)
         log.save(out_dir)
@@ -177,17 +178,17 @@ def run(scenario: Scenario, out_dir: Path, progress: bool | None = None, backend
         backend=backend,
         malicious=malicious_workers(engine),
         result=result,
-        bytes_sent=engine.transport.bytes_sent,
+        bytes_sent=engine.bytes_sent,
         wall_s=time.perf_counter() - t0,
-        detector_s=engine.transport.verifier_s,
+        detector_s=engine.verifier_s,
         optimum_loss=engine.data.optimum_loss,
         impact=impact,
         sim_time_s=net.get("sim_time_s"),
         clean=twins.get("clean"),
     )
     summary["transport"].update(net)  # simulated clock: sim_tokens_per_s, dp_bytes_sent, ... (network.py)
-    detector = getattr(engine.transport.verifier, "detector", None)
-    summary["cost"]["recomputed_messages"] = int(getattr(detector, "checked", 0))  # duplication-style detectors
+    summary["cost"]["recomputed_messages"] = sum(int(getattr(v.detector, "checked", 0))  # duplication-style detectors
+                                                 for v in engine.verifiers.values())
     log.save(out_dir)
     confirm = confirm_scenario(scenario, summary)
     if confirm is not None:  # open loop: confirm the recommended threshold in closed loop

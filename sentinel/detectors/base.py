@@ -9,55 +9,14 @@ verdict is recorded but never acted on, so one run yields a whole ROC curve.
 from __future__ import annotations
 
 import dataclasses
-import enum
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 
 import torch
 
 from sentinel.transport.message import Message
+from sentinel.transport.verdict import CERTAIN_MARKERS, Marker, Verdict
 
-
-class Marker(str, enum.Enum):
-    """What a verdict says beyond its statistics (typed; logged as `score_<marker> = 1` columns).
-
-    Certain evidence (a payload no honest worker sends) is INTEGRITY, REPLAY, WIRE_REJECT and CERTAIN.
-    """
-
-    PAUSED = "paused"  # not judged: downstream of a flag in its microbatch this step
-    INTEGRITY = "integrity"  # NaN / Inf, a non-float dtype or the wrong shape
-    REPLAY = "replay"  # a tensor the verifier has already relayed
-    WIRE_REJECT = "wire_reject"  # a frame the receiver could not consume (distributed backend)
-    CERTAIN = "certain"  # a proof other than the above (e.g. a mismatch with a trusted recomputation)
-    OUTLIER = "outlier"  # accepted, but beyond the inner fence: soft evidence, not learned
-    SHIFT = "shift"  # beyond the fence but accepted as an honest-majority drift of the whole stage
-
-
-CERTAIN_MARKERS = frozenset({Marker.INTEGRITY, Marker.REPLAY, Marker.WIRE_REJECT, Marker.CERTAIN})
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class Verdict:
-    """A verifier's decision on one message.
-
-    Attributes:
-        scores: the detector's continuous statistics (larger = more anomalous); markers are not scores.
-        flagged: whether the message is judged malicious.
-        markers: typed facts about the verdict (`Marker`).
-    """
-
-    scores: Mapping[str, float]
-    flagged: bool
-    markers: frozenset[Marker] = frozenset()
-
-    @property
-    def certain(self) -> bool:
-        """Flagged on certain evidence (no honest worker sends such a payload)."""
-        return self.flagged and not CERTAIN_MARKERS.isdisjoint(self.markers)
-
-    @property
-    def judged(self) -> bool:
-        """False for a message whose checks were paused (downstream of a flag in its microbatch)."""
-        return Marker.PAUSED not in self.markers
+__all__ = ["CERTAIN_MARKERS", "Detector", "DetectorEnv", "Marker", "Verdict"]
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -73,6 +32,10 @@ class DetectorEnv:
         live_replicas: `live_replicas(stage_idx) -> list[str]`, the live worker ids of a stage.
         substitutes: whether the response policy may ask `substitute` for a stand-in (closed loop with
             `on_flag: substitute`); when it may not, a detector need not keep one.
+        sender_inputs: `sender_inputs(msg) -> SenderInputs | None`: what the sender of the message being judged
+            received for its microbatch (token ids or the activation delivered to it; for a backward message the
+            gradient delivered to it), as the verifiers relayed it (so not ground truth). None where the backend
+            offers none; the hook returns None for any message but the one being judged.
     """
 
     num_stages: int = 1
@@ -80,6 +43,7 @@ class DetectorEnv:
     recompute: Callable[..., torch.Tensor | None] | None = None
     live_replicas: Callable[[int], list[str]] | None = None
     substitutes: bool = True
+    sender_inputs: Callable | None = None
 
 
 class Detector:
