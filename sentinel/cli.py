@@ -46,7 +46,10 @@ def cmd_run(args: argparse.Namespace) -> int:
         dist_only = [f for f in ("nproc", "verifiers", "device") if getattr(args, f, None)]
         if dist_only:
             raise ConfigError(f"--{dist_only[0].replace('_', '-')}: only used with --backend dist")
-        summary = runner.run(sc, out, progress=None if not args.quiet else False, backend=args.backend)
+        if args.checkpoint_every < 0:
+            raise ConfigError(f"--checkpoint-every {args.checkpoint_every}: must be >= 0 (0: no checkpoints)")
+        summary = runner.run(sc, out, progress=None if not args.quiet else False, backend=args.backend,
+                             checkpoint_every=args.checkpoint_every, resume=args.resume)
     t = summary["training"]
     print(
         f"{sc.name}: val loss {t['initial_val_loss']:.4f} -> {t['final_val_loss']:.4f} "
@@ -145,8 +148,8 @@ def make_parser() -> argparse.ArgumentParser:
     r.add_argument("--verifiers", type=int, default=None, metavar="V",
                    help="dist: verifier processes (default: one per stage boundary, as --nproc allows)")
     r.add_argument("--timeout", type=float, default=60.0, help="dist: seconds before a silent rank counts as stalled")
-    r.add_argument("--checkpoint-every", type=int, default=0, metavar="N", help="dist: checkpoint every N steps")
-    r.add_argument("--resume", metavar="DIR", help="dist: resume from the checkpoints of a previous run folder")
+    r.add_argument("--checkpoint-every", type=int, default=0, metavar="N", help="checkpoint every N steps")
+    r.add_argument("--resume", metavar="DIR", help="resume from the newest checkpoint of a previous run folder")
     r.add_argument("--device", choices=["cpu", "cuda", "auto"], default=None, help="dist: compute device (cpu)")
     r.add_argument("--quiet", action="store_true", help="no progress output")
     r.set_defaults(fn=cmd_run)

@@ -65,6 +65,10 @@ class Table:
     def from_arrays(cls, arrays: dict[str, np.ndarray]) -> Table:
         capacity = max(1, max((len(v) for v in arrays.values()), default=1))
         t = cls({k: v.dtype for k, v in arrays.items()}, capacity=capacity)
+        # a float column not written by a row (a statistic the detector did not report for it) reads NaN, as it
+        # does in a table that grew from the start (`add_column`); without this a reloaded log (a resumed run)
+        # would fill such cells with 0
+        t._fill = {k: np.nan for k, v in arrays.items() if v.dtype.kind == "f"}
         for k, v in arrays.items():
             t._cols[k][: len(v)] = v
             t.n = len(v)

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import fcntl
+import functools
 import hashlib
 import json
 import shutil
@@ -27,6 +28,7 @@ import yaml
 from attacks import build_adversary
 from sentinel.detectors import build_defence
 from sentinel.detectors.verifier import detector_view
+from sentinel.engine import checkpoint
 from sentinel.engine.clock import network_report
 from sentinel.engine.sim import SimEngine
 from sentinel.errors import RunError
@@ -94,14 +96,29 @@ class _Progress:
             self.bar.close()
 
 
-def train(scenario: Scenario, out_dir: Path | None, progress: bool | None = None, label: str = "run") -> tuple:
-    """Train one scenario; save its EventLog (also on failure). Returns (engine, result, wall_s)."""
+def train(scenario: Scenario, out_dir: Path | None, progress: bool | None = None, label: str = "run", *,
+          checkpoint_every: int = 0, resume: Path | None = None, top: Path | None = None) -> tuple:
+    """Train one scenario; save its EventLog (also on failure). Returns (engine, result, wall_s).
+
+    `checkpoint_every` N: a checkpoint every N steps and after the last under OUT_DIR/checkpoints/; `resume`: the
+    run folder (or checkpoint) of an earlier run of the same scenario, resumed from its newest complete checkpoint
+    (this job's own: `top` is the run's folder, so a twin finds its twin's checkpoints)."""
     log = EventLog()
     engine = build_engine(scenario, log)
+    if checkpoint_every:
+        checkpoint.check(engine)
+    ckpt = checkpoint.resume_point(resume, out_dir, top if top is not None else out_dir)
+    if ckpt is not None:
+        checkpoint.load(engine, ckpt)
     bar = _Progress(scenario.training.steps, label, progress)
     t0 = time.perf_counter()
+
+    def save(program) -> None:
+        if out_dir is not None and checkpoint.due(program.step, checkpoint_every, scenario.training.steps):
+            checkpoint.mark_complete(checkpoint.save(program, out_dir / "checkpoints"), program.step)
+
     try:
-        result = engine.run(on_step=bar)
+        result = engine.run(on_step=bar, on_checkpoint=save)
     except BaseException as exc:
         bar.close()
         if out_dir is not None:
@@ -149,14 +166,15 @@ def run_twin(sc: Scenario, out_dir: Path, trainer, progress, label: str, cache: 
 
 
 def run(scenario: Scenario, out_dir: Path, progress: bool | None = None, backend: str = "sim", trainer=None,
-        twin_cache: Path | None = None) -> dict:
+        twin_cache: Path | None = None, checkpoint_every: int = 0, resume: Path | None = None) -> dict:
     """Run the scenario (and its twins) and write the result folder. Returns the summary.
 
-    `trainer` replaces `train` (same signature and contract); the dist backend passes its own.
-    `twin_cache`: a folder where identical twins are shared between runs (sweeps).
+    `trainer` replaces `train` (same signature and contract); the dist backend passes its own (with its own
+    checkpoint options). `twin_cache`: a folder where identical twins are shared between runs (sweeps).
+    `checkpoint_every`, `resume`: checkpoints of every job (run, twins, confirmation) and resuming from them.
     """
-    trainer = trainer or train
     out_dir = Path(out_dir)
+    trainer = trainer or functools.partial(train, checkpoint_every=checkpoint_every, resume=resume, top=out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / "scenario.yaml").write_text(yaml.safe_dump(scenario.to_dict(), sort_keys=False))
     t0 = time.perf_counter()

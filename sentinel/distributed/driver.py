@@ -18,42 +18,33 @@ import traceback
 from pathlib import Path
 
 import torch
+import torch.distributed as dist
 
-from sentinel.distributed import checkpoint
 from sentinel.distributed.merge import log_from_bytes, log_to_bytes, merge
 from sentinel.distributed.program import DistProgram
 from sentinel.distributed.runtime import Runtime, check_supported
+from sentinel.engine import checkpoint
 from sentinel.errors import RunError
 from sentinel.eventlog import EventLog
 from sentinel.scenario import Scenario, validate
 
 
-def _resume_from(rt: Runtime, out_dir: Path | None, top: Path | None) -> Path | None:
-    """The checkpoint a job resumes from: for the main run, RESUME itself (a run folder, its checkpoints
-    folder or one step folder); for a twin, RESUME/twin_<kind>/checkpoints (none: the twin starts afresh)."""
-    if rt.options.resume is None:
-        return None
-    root = Path(rt.options.resume)
-    if out_dir is not None and top is not None and Path(out_dir) != Path(top):
-        try:
-            return checkpoint.latest(root / Path(out_dir).relative_to(top) / "checkpoints")
-        except ValueError:
-            return None
-    found = checkpoint.latest(root) or checkpoint.latest(root / "checkpoints")
-    if found is None:
-        raise RunError(f"--resume {root}: no complete checkpoint there (a step-NNNNNN folder holding COMPLETE)")
-    return found
-
-
-def _run_job(program: DistProgram, rt: Runtime, ckpt: Path | None, out_dir: Path | None, on_step=None) -> dict:
-    """The training loop (`StepProgram.run`) with this run's checkpoints."""
-    if ckpt is not None:
-        checkpoint.load(program, ckpt)
+def _run_job(program: DistProgram, rt: Runtime, out_dir: Path | None, top: Path | None, on_step=None) -> dict:
+    """The training loop (`StepProgram.run`) with this run's checkpoints: each rank saves its part, all meet at a
+    barrier, rank 0 marks the checkpoint complete."""
     every = rt.options.checkpoint_every
+    if every:
+        checkpoint.check(program)
+    ckpt = checkpoint.resume_point(rt.options.resume, out_dir, top)
+    if ckpt is not None:
+        checkpoint.load(program, ckpt, rt.rank)
 
     def save(p: DistProgram) -> None:
-        if every and out_dir is not None and (p.step % every == 0 or p.step == p.sc.training.steps):
-            checkpoint.save(p, out_dir / "checkpoints")
+        if out_dir is not None and checkpoint.due(p.step, every, p.sc.training.steps):
+            d = checkpoint.save(p, out_dir / "checkpoints", rt.rank)
+            dist.barrier(group=rt.collectives)
+            if rt.rank == 0:
+                checkpoint.mark_complete(d, p.step)
 
     return program.run(on_step=on_step, on_checkpoint=save)
 
@@ -72,7 +63,7 @@ def trainer(rt: Runtime, top: Path | None):
         try:
             program = DistProgram(scenario, rt, log)
             rt.ready()
-            result = _run_job(program, rt, _resume_from(rt, out_dir, top), out_dir, bar)
+            result = _run_job(program, rt, out_dir, top, bar)
             program.close()
             parts = [(_kind(program, r), log_from_bytes(_recv_bytes(rt, r, "its EventLog part")))
                      for r in range(1, rt.world)]
@@ -122,7 +113,7 @@ def worker_loop(rt: Runtime, top: Path | None) -> None:
             program = DistProgram(sc, rt, log)
             rt.ready()
             t0 = time.perf_counter()
-            _run_job(program, rt, _resume_from(rt, out_dir, top), out_dir)
+            _run_job(program, rt, out_dir, top)
             program.close()
             log.meta["dist"] = {"rank": rt.rank, "role": _kind(program, rt.rank), "wall_s": time.perf_counter() - t0,
                                 "wait_s": rt.comm.wait_s,

@@ -375,10 +375,13 @@ class StepProgram:
 
         A resumed program (its `step` > 0) continues where its checkpoint left off."""
         t = self.sc.training
-        evals = self.log.evals
-        initial = float(evals["val_loss"][0]) if len(evals) else self.evaluate()
-        if not len(evals) and initial is not None:
-            self.log.log_eval(0, initial)
+        if self.step == 0:
+            initial = self.evaluate()
+            if initial is not None:
+                self.log.log_eval(0, initial)
+        else:  # resumed: the evaluation at step 0 is in the restored log (on the process that evaluates)
+            evals = self.log.evals
+            initial = float(evals["val_loss"][0]) if len(evals) else None
         t0 = time.perf_counter()
         val = None
         while self.step < t.steps:
