@@ -26,10 +26,12 @@ from pathlib import Path
 import yaml
 
 from attacks import build_adversary
+from attacks.validation import white_box_attacks
 from sentinel.detectors import build_defence
-from sentinel.detectors.verifier import detector_view
+from sentinel.detectors.verifier import PublishedState
 from sentinel.engine import checkpoint
 from sentinel.engine.clock import network_report
+from sentinel.engine.hooks import StepHook
 from sentinel.engine.sim import SimEngine
 from sentinel.errors import RunError
 from sentinel.eventlog import EventLog
@@ -46,9 +48,21 @@ def build_engine(scenario: Scenario, log: EventLog | None = None) -> SimEngine:
     engine.set_adversary(adversary)
     verifiers, responder = build_defence(scenario, engine.mesh, engine.recompute, engine.relay.inflight)
     engine.install_defence(verifiers, responder)
-    if verifiers and adversary is not None:  # read-only, for white-box attacks
-        adversary.attach_detector_view(detector_view(verifiers))
+    if verifiers and adversary is not None and white_box_attacks(scenario):  # read-only, for white-box attacks
+        published = PublishedState(scenario)
+        adversary.attach_detector_view(published.view())
+        engine.hooks.insert(0, Publish(published, verifiers))
     return engine
+
+
+class Publish(StepHook):
+    """sim's verifiers publish their detectors' state to white-box attackers at the start of every step."""
+
+    def __init__(self, published: PublishedState, verifiers: dict):
+        self.published, self.verifiers = published, verifiers
+
+    def before_pipeline(self, engine, st) -> None:
+        self.published.load(PublishedState.publish({b: v.detector for b, v in self.verifiers.items()}))
 
 
 def malicious_workers(engine) -> list[str]:
@@ -205,8 +219,7 @@ def run(scenario: Scenario, out_dir: Path, progress: bool | None = None, backend
         clean=twins.get("clean"),
     )
     summary["transport"].update(net)  # simulated clock: sim_tokens_per_s, dp_bytes_sent, ... (network.py)
-    summary["cost"]["recomputed_messages"] = sum(int(getattr(v.detector, "checked", 0))  # duplication-style detectors
-                                                 for v in engine.verifiers.values())
+    summary["cost"]["recomputed_messages"] = engine.recomputed_messages()  # duplication-style detectors
     log.save(out_dir)
     confirm = confirm_scenario(scenario, summary)
     if confirm is not None:  # open loop: confirm the recommended threshold in closed loop

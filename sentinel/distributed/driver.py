@@ -117,7 +117,8 @@ def worker_loop(rt: Runtime, top: Path | None) -> None:
             program.close()
             log.meta["dist"] = {"rank": rt.rank, "role": _kind(program, rt.rank), "wall_s": time.perf_counter() - t0,
                                 "wait_s": rt.comm.wait_s,
-                                "verifier_s": program.relay.verifier_s if program.is_verifier else 0.0}
+                                "verifier_s": program.relay.verifier_s if program.is_verifier else 0.0,
+                                "recomputed": program.recomputed_messages()}
             _send_bytes(rt, 0, log_to_bytes(log))
             rt.comm.flush()
         except BaseException as exc:

@@ -53,7 +53,7 @@ def stateful(program: StepProgram) -> dict:
 def check(program: StepProgram) -> None:
     """ConfigError naming the plug-in whose state cannot be checkpointed (before the run starts)."""
     try:
-        capture(stateful(program))
+        capture(stateful(program), exclude=(Replica, StepProgram))
     except StateError as exc:
         raise ConfigError(f"--checkpoint-every: {exc} (a checkpoint could not resume this run exactly)") from None
 
@@ -75,7 +75,8 @@ def save(program: StepProgram, root: Path, rank: int = 0) -> Path:
     replicas = {r.wid: {"module": r.module.state_dict(), "optimizer": r.optimizer.state_dict()}
                 for r in program.replicas.values()}
     state = {"step": program.step, "world": getattr(getattr(program, "rt", None), "world", 1),
-             "workers": _table(program), "replicas": replicas, "plugins": capture(stateful(program))}
+             "workers": _table(program), "replicas": replicas,
+             "plugins": capture(stateful(program), exclude=(Replica, StepProgram))}
     torch.save(state, d / f"rank{rank}.pt")
     return d
 
