@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import collections
 import json
+import time
 
 import torch
 import torch.distributed as dist
@@ -184,6 +185,7 @@ class VerifierChannel:
         self.program, self.comm, self.rank_map, self.relay = program, comm, rank_map, relay
         self.step_end, self.responder, self.mesh, self.wants_inputs = step_end, responder, mesh, wants_inputs
         self.recompute, self.publish = recompute, publish
+        self.relay_s = 0.0  # wall seconds spent relaying steps (messages per second per verifier)
         self.S, self.M = program.num_stages, program.num_microbatches
         self.mine = rank_map.boundaries(comm.rank)
         peers = set()
@@ -226,6 +228,13 @@ class VerifierChannel:
         """Relay every message of this rank's boundaries for this step."""
         if not self.mine:
             return
+        t0 = time.perf_counter()
+        try:
+            self._relay_step(program, st)
+        finally:
+            self.relay_s += time.perf_counter() - t0
+
+    def _relay_step(self, program: StepProgram, st: StepState) -> None:
         self.st, self.plan, self.ids = st, st.plan, program.workers.ids
         if self.publish:  # to every worker process: white-box attackers read the detectors as this step begins
             data = PublishedState.publish({b: v.detector for b, v in self.relay.verifiers.items()})

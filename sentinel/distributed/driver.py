@@ -93,13 +93,25 @@ def _kind(program: DistProgram, rank: int) -> str:
     return "verifier" if program.rank_map.is_verifier(rank) else "worker"
 
 
+def relay_stats(program: DistProgram) -> dict:
+    """A verifier rank's messages and the seconds it spent relaying them (per-verifier throughput)."""
+    if not program.is_verifier:
+        return {}
+    return {"messages": len(program.log.messages), "relay_s": program.channel.relay_s,
+            "boundaries": program.rank_map.boundaries(program.rt.rank)}
+
+
 def timing(program: DistProgram, rt: Runtime) -> dict:
-    """Where the time went: per-step wall time (the first step is warm-up) and each rank's split."""
+    """Where the time went: per-step wall time (the first step is warm-up), each rank's split, and each verifier's
+    messages per second of relaying."""
     steady = program.step_s[1:] or program.step_s
+    ranks = [{"rank": 0, "role": "verifier", "wall_s": sum(program.step_s), "wait_s": rt.comm.wait_s,
+              "verifier_s": program.relay.verifier_s, **relay_stats(program)}, *getattr(program, "rank_stats", [])]
+    verifiers = [r for r in ranks if r.get("relay_s")]
     return {"backend": rt.dp_backend, "world": rt.world, "verifiers": program.rank_map.num_verifiers,
             "steps": len(program.step_s), "s_per_step": sum(steady) / max(1, len(steady)),
             "coordinator_wait_s": rt.comm.wait_s, "coordinator_verifier_s": program.relay.verifier_s,
-            "ranks": getattr(program, "rank_stats", [])}
+            "verifier_messages_per_s": [r["messages"] / r["relay_s"] for r in verifiers], "ranks": ranks}
 
 
 # -- ranks 1..N-1 --------------------------------------------------------------------------------------
@@ -118,7 +130,7 @@ def worker_loop(rt: Runtime, top: Path | None) -> None:
             log.meta["dist"] = {"rank": rt.rank, "role": _kind(program, rt.rank), "wall_s": time.perf_counter() - t0,
                                 "wait_s": rt.comm.wait_s,
                                 "verifier_s": program.relay.verifier_s if program.is_verifier else 0.0,
-                                "recomputed": program.recomputed_messages()}
+                                "recomputed": program.recomputed_messages(), **relay_stats(program)}
             _send_bytes(rt, 0, log_to_bytes(log))
             rt.comm.flush()
         except BaseException as exc:
