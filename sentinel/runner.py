@@ -33,6 +33,7 @@ from sentinel.engine import checkpoint
 from sentinel.engine.clock import network_report
 from sentinel.engine.hooks import StepHook
 from sentinel.engine.sim import SimEngine
+from sentinel.engine.step import StepProgram, StepState
 from sentinel.errors import RunError
 from sentinel.eventlog import EventLog
 from sentinel.scenario import Scenario
@@ -61,11 +62,11 @@ class Publish(StepHook):
     def __init__(self, published: PublishedState, verifiers: dict):
         self.published, self.verifiers = published, verifiers
 
-    def before_pipeline(self, engine, st) -> None:
+    def before_pipeline(self, engine: StepProgram, st: StepState) -> None:
         self.published.load(PublishedState.publish({b: v.detector for b, v in self.verifiers.items()}))
 
 
-def malicious_workers(engine) -> list[str]:
+def malicious_workers(engine: StepProgram) -> list[str]:
     return sorted(engine.adversary.malicious) if engine.adversary is not None else []
 
 

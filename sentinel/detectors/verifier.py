@@ -62,7 +62,7 @@ class Verifier:
         self.sparse_replays = SparseReplayMemory(seed)
         self.masked_roles = masked_roles  # roles whose codec keeps random positions (`Codec.random_positions`)
         self._fingerprint = Fingerprint(seed)
-        self._own_checks = getattr(detector, "checks_payload", False)  # the detector checks NaN / replays itself
+        self._own_checks = detector.checks_payload  # the detector checks NaN / replays itself
 
     def integrity_ok(self, payload: torch.Tensor, shape_only: bool = False) -> bool:
         """Floating point, the honest shape, every value finite (unless the detector checks that itself)."""
@@ -117,8 +117,8 @@ class DetectorView:
         self._detectors = detectors
 
     def thresholds(self, boundary: int, role) -> dict[str, float]:
-        fn = getattr(self._detectors.get(int(boundary)), "thresholds", None)
-        return fn(boundary, role) if fn is not None else {}
+        det = self._detectors.get(int(boundary))
+        return det.thresholds(boundary, role) if det is not None else {}
 
     def scores(self, boundary: int, role, payload: torch.Tensor) -> dict[str, float]:
         det = self._detectors.get(int(boundary))

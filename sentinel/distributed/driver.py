@@ -106,7 +106,7 @@ def timing(program: DistProgram, rt: Runtime) -> dict:
     messages per second of relaying."""
     steady = program.step_s[1:] or program.step_s
     ranks = [{"rank": 0, "role": "verifier", "wall_s": sum(program.step_s), "wait_s": rt.comm.wait_s,
-              "verifier_s": program.relay.verifier_s, **relay_stats(program)}, *getattr(program, "rank_stats", [])]
+              "verifier_s": program.relay.verifier_s, **relay_stats(program)}, *program.rank_stats]
     verifiers = [r for r in ranks if r.get("relay_s")]
     return {"backend": rt.dp_backend, "world": rt.world, "verifiers": program.rank_map.num_verifiers,
             "steps": len(program.step_s), "s_per_step": sum(steady) / max(1, len(steady)),

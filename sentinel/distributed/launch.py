@@ -32,7 +32,7 @@ def options_from_cli(args) -> Options:
     if args.timeout <= 0 or args.checkpoint_every < 0:
         raise ConfigError("--timeout must be > 0 and --checkpoint-every >= 0")
     return Options(timeout_s=args.timeout, checkpoint_every=args.checkpoint_every, resume=args.resume,
-                   device=args.device or "cpu", verifiers=getattr(args, "verifiers", None))
+                   device=args.device or "cpu", verifiers=args.verifiers)
 
 
 def default_nproc(sc, verifiers: int | None = None) -> int:

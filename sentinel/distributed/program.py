@@ -157,14 +157,17 @@ class DistProgram(StepProgram):
     def __init__(self, scenario: Scenario, rt: Runtime, log: EventLog):
         p = scenario.pipeline
         self.rt = rt
-        self.rank_map = RankMap(p.stages, p.replicas, rt.world, rt.options.verifiers)
-        super().__init__(scenario, log=log, placement=RankPlacement(self.rank_map, rt.rank), channel=None,
+        rank_map = RankMap(p.stages, p.replicas, rt.world, rt.options.verifiers)
+        super().__init__(scenario, log=log, placement=RankPlacement(rank_map, rt.rank), channel=None,
                          collective=None)
+        self.rank_map = rank_map
         self.device = rt.device
         for rep in self.replicas.values():
             rep.module.to(self.device)
         self.comm = rt.comm
+        self.world = rt.world
         self.published: PublishedState | None = None
+        self.rank_stats: list[dict] = []  # the other ranks' figures, on the coordinator after the job
         self.comm.describe = self.rank_map.describe
         self.comm.wait_s = 0.0
         # every rank creates every stage group, in the same order (torch.distributed requires it)
@@ -207,7 +210,7 @@ class DistProgram(StepProgram):
             self.relay.responder = responder
         if rank == COORDINATOR:  # the malicious set, for scoring only: attacks run on the workers' ranks
             self.adversary = build_adversary(sc, _Shadow(self.workers))
-        wants = bool(getattr(DETECTORS.get(sc.detector.name), "wants_inputs", False))
+        wants = DETECTORS.get(sc.detector.name).wants_inputs
         publish = white_box_attacks(sc) and sc.detector.name != "none"
         return VerifierChannel(self, self.comm, self.rank_map, self.relay, step_end, responder,
                                self.mesh if rank == COORDINATOR else None, wants, self.recompute, publish)
@@ -218,8 +221,8 @@ class DistProgram(StepProgram):
 
     def recomputed_messages(self) -> int:
         """Messages recomputed on this verifier rank (on the coordinator after the job: on every verifier rank)."""
-        mine = sum(int(getattr(v.detector, "checked", 0)) for v in self.verifiers.values())
-        return mine + sum(int(r.get("recomputed", 0)) for r in getattr(self, "rank_stats", []))
+        mine = sum(int(v.detector.checked) for v in self.verifiers.values())
+        return mine + sum(int(r.get("recomputed", 0)) for r in self.rank_stats)
 
     # -- evaluation: the reference replicas' weights go to the coordinator ------------------------------------
     def reference(self, stage_idx: int) -> int:
