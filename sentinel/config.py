@@ -24,6 +24,10 @@ from typing import Any, ClassVar, Literal
 from sentinel.errors import ConfigError, UnknownPluginError
 from sentinel.registry import REGISTRIES, did_you_mean
 
+# Integers without a stated range: at most a C int32 (they size buffers, counts and loops; a 20-digit
+# value must never reach numpy, torch or range()). Keys that need more state their own `le`.
+INT_BOUNDS = {"ge": -(2**31), "le": 2**31 - 1}
+
 
 def spec(default: Any = dataclasses.MISSING, *, help: str = "", **rules: Any) -> Any:
     """A dataclass field with a help text and range rules (ge, gt, le, lt)."""
@@ -81,7 +85,24 @@ def _check_rules(value: Any, meta: Mapping[str, Any], path: str, problems: _Prob
         ("lt", lambda a, b: a < b, "<"),
     ):
         if rule in meta and not op(value, meta[rule]):
-            problems.add(path, f"must be {word} {meta[rule]}, got {value!r}")
+            problems.add(path, f"must be {word} {meta[rule]}, got {_short(value)}")
+            return
+
+
+def _short(value: Any) -> str:
+    """A number as it reads in a message (an integer of hundreds of digits by its length)."""
+    if isinstance(value, int) and len(str(abs(value))) > 24:
+        return f"an integer of {len(str(abs(value)))} digits"
+    return repr(value)
+
+
+def range_text(meta: Mapping[str, Any], tp: Any = None) -> str:
+    """`1 <= x <= 1024`-style text of a field's range rules (integers get the default INT_BOUNDS)."""
+    rules = dict(INT_BOUNDS) if tp is int else {}
+    rules = {k: v for k, v in rules.items() if {"ge": "gt", "le": "lt"}[k] not in meta} | dict(meta)
+    low = f"{rules['ge']} <= " if "ge" in rules else f"{rules['gt']} < " if "gt" in rules else ""
+    high = f" <= {rules['le']}" if "le" in rules else f" < {rules['lt']}" if "lt" in rules else ""
+    return f"{low}x{high}" if low or high else ""
 
 
 def _convert(value: Any, tp: Any, path: str, problems: _Problems, meta: Mapping[str, Any]) -> Any:
@@ -131,7 +152,7 @@ def _convert(value: Any, tp: Any, path: str, problems: _Problems, meta: Mapping[
         if isinstance(value, bool) or not isinstance(value, int):
             problems.add(path, f"expected an integer, got {_describe(value)}")
             return None
-        _check_rules(value, meta, path, problems)
+        _check_rules(value, {**INT_BOUNDS, **meta}, path, problems)
         return value
     if tp is float:
         if isinstance(value, str):  # YAML 1.1 reads "3e-3" as a string; accept it as a number
@@ -142,7 +163,11 @@ def _convert(value: Any, tp: Any, path: str, problems: _Problems, meta: Mapping[
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             problems.add(path, f"expected a number, got {_describe(value)}")
             return None
-        value = float(value)
+        try:
+            value = float(value)
+        except OverflowError:  # an integer with hundreds of digits
+            problems.add(path, f"must be a finite number, got an integer of {len(str(abs(value)))} digits")
+            return None
         if not math.isfinite(value):
             problems.add(path, f"must be a finite number, got {value!r}")
             return None
