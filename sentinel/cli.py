@@ -7,11 +7,10 @@ Bad input never produces a traceback: errors are printed one per line, located.
 from __future__ import annotations
 
 import argparse
-import datetime
-import json
 import sys
 from pathlib import Path
 
+from sentinel import strictjson
 from sentinel.errors import ConfigError, SentinelError
 from sentinel.registry import REGISTRIES, did_you_mean, one_line
 
@@ -23,29 +22,17 @@ class _Parser(argparse.ArgumentParser):
         raise SystemExit(2)
 
 
-def _default_out(name: str) -> Path:
-    stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
-    base = Path("runs") / f"{name}-{stamp}"
-    out, i = base, 1
-    while out.exists():
-        out, i = Path(f"{base}-{i}"), i + 1
-    return out
-
-
 def cmd_run(args: argparse.Namespace) -> int:
-    from sentinel import runner, scenario
+    from sentinel import preflight, runner
 
-    sc = scenario.load(args.scenario, args.set)
-    out = Path(args.out) if args.out else _default_out(sc.name)
+    plan = preflight.check(preflight.Request.from_args(args, "run"))  # exit 2 before anything is written
+    sc, out = plan.scenario, plan.out
     if args.backend == "dist":
         from sentinel.dist.launch import launch, options_from_cli
 
         summary = launch(args.scenario, out, args.set, nproc=args.nproc, options=options_from_cli(args),
                          quiet=args.quiet)
     else:
-        dist_only = [f for f in ("nproc", "checkpoint_every", "resume", "device") if getattr(args, f, None)]
-        if dist_only:
-            raise ConfigError(f"--{dist_only[0].replace('_', '-')}: only used with --backend dist")
         summary = runner.run(sc, out, progress=None if not args.quiet else False, backend=args.backend)
     t = summary["training"]
     print(
@@ -56,12 +43,16 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 def cmd_validate(args: argparse.Namespace) -> int:
-    from sentinel import scenario
+    from sentinel import preflight
 
-    sc = scenario.load(args.scenario, args.set)
-    for note in scenario.warnings_for(sc):
+    plan = preflight.check(preflight.Request.from_args(args, "validate"))  # what `run` (and `sweep`) check
+    sc = plan.scenario
+    for note in plan.warnings:
         print(f"warning: {note}", file=sys.stderr)
-    print(f"{args.scenario}: ok ({sc.name}: {sc.num_workers} workers, {sc.training.steps} steps)")
+    points = f"; sweep.grid: {len(plan.points)} points, each valid" if plan.points else ""
+    print(f"{args.scenario}: ok ({sc.name}: {sc.num_workers} workers, {sc.training.steps} steps{points})")
+    for line in plan.estimate.lines():
+        print(f"  {line}")
     return 0
 
 
@@ -102,9 +93,11 @@ def cmd_describe(args: argparse.Namespace) -> int:
 
 
 def cmd_sweep(args: argparse.Namespace) -> int:
-    from sentinel import sweep
+    from sentinel import preflight, sweep
 
-    out = Path(args.out) if args.out else _default_out(Path(args.scenario).stem + "-sweep")
+    if args.jobs is not None and not 1 <= args.jobs <= 256:
+        raise ConfigError(f"--jobs {args.jobs}: parallel processes, 1 to 256")
+    out = preflight.check(preflight.Request.from_args(args, "sweep")).out  # every point, before any runs
     rows = sweep.run_sweep(args.scenario, out, args.set, jobs=args.jobs)
     print((out / "sweep.md").read_text(), end="")
     print(f"{len(rows)} grid points; table and plots in {out}")
@@ -128,14 +121,18 @@ def cmd_report(args: argparse.Namespace) -> int:
 def cmd_bench(args: argparse.Namespace) -> int:
     from sentinel import bench
 
-    print(json.dumps(bench.run_all(quick=args.quick), indent=2))
+    print(strictjson.dumps(bench.run_all(quick=args.quick), indent=2))
     return 0
 
 
-def make_parser() -> argparse.ArgumentParser:
-    p = _Parser(prog="sentinel", description="Testbed for the security of decentralized pipeline-parallel training.")
-    sub = p.add_subparsers(dest="command", required=True, parser_class=_Parser)
-    r = sub.add_parser("run", help="run a scenario (plus its twins) and write a result folder")
+def _budget_flags(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--max-memory", type=float, default=None, metavar="GIB",
+                   help="memory budget in GiB (default: this machine's available memory)")
+    p.add_argument("--force", action="store_true", help="run even if the memory estimate exceeds the budget")
+
+
+def _run_flags(r: argparse.ArgumentParser) -> None:
+    """The flags of `run`, shared by `validate` (which checks them without running)."""
     r.add_argument("scenario")
     r.add_argument("--out", help="result folder (default: runs/NAME-TIMESTAMP)")
     r.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a scenario key")
@@ -145,11 +142,19 @@ def make_parser() -> argparse.ArgumentParser:
     r.add_argument("--checkpoint-every", type=int, default=0, metavar="N", help="dist: checkpoint every N steps")
     r.add_argument("--resume", metavar="DIR", help="dist: resume from the checkpoints of a previous run folder")
     r.add_argument("--device", choices=["cpu", "cuda", "auto"], default=None, help="dist: compute device (cpu)")
+    _budget_flags(r)
+
+
+def make_parser() -> argparse.ArgumentParser:
+    p = _Parser(prog="sentinel", description="Testbed for the security of decentralized pipeline-parallel training.")
+    sub = p.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    r = sub.add_parser("run", help="run a scenario (plus its twins) and write a result folder")
+    _run_flags(r)
     r.add_argument("--quiet", action="store_true", help="no progress output")
     r.set_defaults(fn=cmd_run)
-    v = sub.add_parser("validate", help="check a scenario file; exit 2 with located errors")
-    v.add_argument("scenario")
-    v.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
+    v = sub.add_parser("validate", help="check a scenario (and run's flags) as `run` and `sweep` would; exit 2 "
+                       "with located errors; print the cost estimate")
+    _run_flags(v)
     v.set_defaults(fn=cmd_validate)
     ls = sub.add_parser("list", help="registered plugins")
     ls.add_argument("kind", nargs="?")
@@ -162,6 +167,7 @@ def make_parser() -> argparse.ArgumentParser:
     sw.add_argument("--out", help="sweep folder (default: runs/NAME-sweep-TIMESTAMP); rerun it to resume")
     sw.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
     sw.add_argument("--jobs", type=int, default=None, help="parallel processes, one thread each (default: one per core)")
+    _budget_flags(sw)
     sw.set_defaults(fn=cmd_sweep)
     rp = sub.add_parser("report", help="rebuild summary and report of saved result folders; combine several")
     rp.add_argument("dirs", nargs="+")
@@ -183,6 +189,9 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     except SentinelError as exc:
         print(f"error: {exc}", file=sys.stderr)
+        return 1
+    except OSError as exc:  # the disk or the system failed us mid-command (full disk, lost mount): not bad input
+        print(f"error: {exc.__class__.__name__}: {exc}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
         print("interrupted; partial results (if any) were saved", file=sys.stderr)

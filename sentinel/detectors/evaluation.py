@@ -12,11 +12,11 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import sys
 import time
 
 from sentinel import scenario as scenario_mod
+from sentinel import strictjson
 from sentinel.errors import ConfigError
 
 
@@ -83,7 +83,7 @@ def main(argv: list[str] | None = None) -> int:
     print(markdown(rows))
     if args.json:
         with open(args.json, "w") as f:
-            json.dump(rows, f, indent=2)
+            f.write(strictjson.dumps(rows, indent=2))
     return 0
 
 

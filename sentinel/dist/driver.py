@@ -9,7 +9,6 @@ failure). Ranks 1..N-1 run `worker_loop(rt)`. Both walk the same sequence, which
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import time
@@ -18,6 +17,7 @@ from pathlib import Path
 
 import torch
 
+from sentinel import strictjson
 from sentinel.dist import checkpoint
 from sentinel.dist.merge import log_from_bytes, log_to_bytes, merge
 from sentinel.dist.relay import RelayRank
@@ -80,7 +80,7 @@ def relay_trainer(rt: Runtime, top: Path | None):
         if out_dir is not None:
             out_dir.mkdir(parents=True, exist_ok=True)
             log.save(out_dir)
-            (out_dir / "dist_timing.json").write_text(json.dumps(timing(relay, rt), indent=1))
+            (out_dir / "dist_timing.json").write_text(strictjson.dumps(timing(relay, rt), indent=1))
         return relay, result, time.perf_counter() - t0
 
     return train
@@ -189,4 +189,4 @@ def write_exit(top: Path | None, rank: int, status: str, message: str = "") -> N
         return
     d = top / "ranks" / f"rank{rank}"
     d.mkdir(parents=True, exist_ok=True)
-    (d / "exit.json").write_text(json.dumps({"rank": rank, "pid": os.getpid(), "status": status, "message": message}))
+    (d / "exit.json").write_text(strictjson.dumps({"rank": rank, "pid": os.getpid(), "status": status, "message": message}))

@@ -72,6 +72,10 @@ def launch(scenario_path: str, out: Path, overrides: list[str] | tuple[str, ...]
     parse_faults(options.faults)
     nproc = nproc or default_nproc(sc)
     check_world(sc.pipeline.stages, sc.pipeline.replicas, nproc)
+    if options.resume is not None:
+        from sentinel.preflight import check_resume
+
+        check_resume(options.resume, nproc)  # before torchrun starts: no process, no stray folder
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     for stale in out.glob("ranks/rank*/exit.json"):

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import yaml
 
+from sentinel import strictjson
 from sentinel.eventlog import EventLog
 from sentinel.scoring import plots
 from sentinel.scoring.metrics import impact_metrics
@@ -22,7 +23,7 @@ TWINS = ("clean", "undefended")
 
 def write_json_atomic(path: Path, data: dict) -> None:
     tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.write_text(json.dumps(data, indent=2))
+    tmp.write_text(strictjson.dumps(data, indent=2))  # NaN / Inf -> null
     os.replace(tmp, path)
 
 
