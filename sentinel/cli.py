@@ -105,17 +105,31 @@ def cmd_sweep(args: argparse.Namespace) -> int:
 
 
 def cmd_report(args: argparse.Namespace) -> int:
+    from sentinel import preflight
     from sentinel.scoring import report
 
-    for d in args.dirs:
-        report.rebuild(Path(d))
+    if args.out:
+        preflight.check_out_file(args.out, "--out")
+    good, bad = [], 0
+    for d in args.dirs:  # a bad folder is named and skipped; the others are still rebuilt
+        try:
+            report.rebuild(Path(d))
+        except ConfigError as exc:
+            bad += 1
+            for line in exc.problems:
+                print(f"error: {line}", file=sys.stderr)
+            continue
+        good.append(Path(d))
         print(f"rebuilt {d}/summary.json and {d}/report.md")
-    if len(args.dirs) > 1:
-        table = report.combined_table([Path(d) for d in args.dirs])
+    if len(good) > 1:
+        table = report.combined_table(good)
         print(table, end="")
         if args.out:
             Path(args.out).write_text(table)
-    return 0
+    if bad:
+        print(f"error: {bad} of {len(args.dirs)} folders could not be read (above); the others were rebuilt",
+              file=sys.stderr)
+    return 2 if bad else 0
 
 
 def cmd_bench(args: argparse.Namespace) -> int:

@@ -140,7 +140,13 @@ def _convert(value: Any, tp: Any, path: str, problems: _Problems, meta: Mapping[
         if not isinstance(value, Mapping):
             problems.add(path, f"expected a mapping, got {_describe(value)}")
             return None
-        return dict(value)
+        out = {}
+        for k, v in value.items():
+            if not isinstance(k, str):
+                problems.add(_join(path, str(k)), f"keys are strings, got {_describe(k)}")
+                continue
+            out[k] = _convert(v, args[1], _join(path, k), problems, meta) if len(args) == 2 else v
+        return out
     if isinstance(tp, type) and dataclasses.is_dataclass(tp):
         return build(tp, value, path, problems)
     if tp is bool:

@@ -201,3 +201,17 @@ def check_out_dir(path: str, flag: str = "--out") -> Path:
     except OSError as exc:
         raise ConfigError(f"{flag} {path}: cannot use it ({exc.strerror or exc})") from None
     return Path(path)
+
+
+def check_out_file(path: str, flag: str = "--out") -> Path:
+    """A file a command may write: not a folder, its folder exists and is writable, not under /proc etc."""
+    if not path or "\x00" in path:
+        raise ConfigError(f"{flag} {path!r}: give a file name" + (" (it holds a NUL byte)" if path else ""))
+    target = Path(path)
+    if path.endswith(os.sep) or (target.exists() and target.is_dir()):
+        raise ConfigError(f"{flag} {path}: a folder; give a file name")
+    folder = str(target.parent) if str(target.parent) else "."
+    check_out_dir(folder, flag)
+    if not Path(os.path.realpath(folder)).is_dir():
+        raise ConfigError(f"{flag} {path}: the folder {folder} does not exist; create it first")
+    return target

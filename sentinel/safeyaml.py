@@ -7,7 +7,9 @@ Still only safe tags (no `!!python/...`: a `SafeLoader` subclass). On top of PyY
   so 5,000 levels end in a RecursionError);
 - **recursive aliases** (`&a [*a]`) and **alias bombs**: documents that expand to more than
   `MAX_NODES` values once aliases are followed (every later step walks the expanded tree);
-- **large texts**: more than `MAX_BYTES` (scenario files are a few kB).
+- **large texts**: more than `MAX_BYTES` (scenario files are a few kB);
+- **non-JSON values**: `!!binary`, `!!set`, `!!omap`, `!!pairs` and `!!timestamp` tags; unquoted dates
+  stay strings.
 
 Every refusal is a `ConfigError` located as `SOURCE: line L, column C: ...`.
 """
@@ -76,6 +78,18 @@ class YAMLProblem(ConfigError):
     def __init__(self, source: str, detail: str):
         self.detail = detail
         super().__init__(f"{source}: malformed YAML: {detail}")
+
+
+# Plain data only: dates read as strings (YAML 1.1 turns `2024-01-02` into a date), and the tags that build
+# bytes, sets, dates or ordered pairs are refused like any unknown tag (a scenario holds JSON-like values).
+StrictSafeLoader.yaml_implicit_resolvers = {
+    first: [(tag, rx) for tag, rx in resolvers if tag != "tag:yaml.org,2002:timestamp"]
+    for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()
+}
+StrictSafeLoader.yaml_constructors = {
+    tag: fn for tag, fn in yaml.SafeLoader.yaml_constructors.items()
+    if tag not in {f"tag:yaml.org,2002:{t}" for t in ("timestamp", "binary", "set", "omap", "pairs")}
+}
 
 
 def _count_nodes(root: Node | None) -> None:
