@@ -98,8 +98,9 @@ class Estimate:
     def lines(self) -> list[str]:
         """The estimate as `sentinel validate` prints it."""
         d = self.dims
-        per_stage = ", ".join(_count(p) for p in d.params_per_stage[:8]) + (", ..." if len(d.params_per_stage) > 8
-                                                                           else "")
+        per_stage = ", ".join(_count(p) for p in d.params_per_stage[:8]) + (
+            ", ..." if len(d.params_per_stage) > 8 else ""
+        )
         return [
             f"model: {_count(d.params)} parameters ({per_stage} per stage), width {d.hidden}, vocab {d.vocab}",
             f"memory: ~{_size(self.total)} peak (" + ", ".join(f"{t.name} {_size(t.bytes)}" for t in self.terms) + ")",
@@ -181,22 +182,39 @@ def estimate(sc, backend: str = "sim", nproc: int | None = None) -> Estimate:
     nproc = nproc or (sc.num_workers + 1 if backend == "dist" else 1)
     messages = messages_per_step(sc) * sc.training.steps * runs
     size_keys = ("model.dim", "model.layers", "model.vocab", "model.ffn_hidden")
-    act_keys = ("data.batch_size", "model.seq_len", "pipeline.microbatches", "model.dim", "model.layers",
-                "model.vocab", "data.vocab")
-    data_keys = ("data.path",) if sc.data.source == "text" else ("data.vocab", "data.order", "data.batch_size",
-                                                                 "pipeline.microbatches")
+    act_keys = (
+        "data.batch_size",
+        "model.seq_len",
+        "pipeline.microbatches",
+        "model.dim",
+        "model.layers",
+        "model.vocab",
+        "data.vocab",
+    )
+    data_keys = (
+        ("data.path",)
+        if sc.data.source == "text"
+        else ("data.vocab", "data.order", "data.batch_size", "pipeline.microbatches")
+    )
     terms = (
         Term("runtime", nproc * RUNTIME_BYTES, ("pipeline.replicas", "pipeline.stages") if backend == "dist" else ()),
-        Term("model", _model_bytes(sc, dims, backend, nproc), ("pipeline.replicas", *size_keys,
-                                                                  "transport.async.max_staleness")),
+        Term(
+            "model",
+            _model_bytes(sc, dims, backend, nproc),
+            ("pipeline.replicas", *size_keys, "transport.async.max_staleness"),
+        ),
         Term("activations", _activation_bytes(sc, dims), act_keys),
         Term("data", _data_bytes(sc), data_keys),
-        Term("event log", LOG_BYTES_PER_MESSAGE * messages, ("training.steps", "pipeline.microbatches",
-                                                             "pipeline.stages", "scoring.twins")),
+        Term(
+            "event log",
+            LOG_BYTES_PER_MESSAGE * messages,
+            ("training.steps", "pipeline.microbatches", "pipeline.stages", "scoring.twins"),
+        ),
     )
     tokens = sc.pipeline.microbatches * sc.data.batch_size * sc.model.seq_len * sc.training.steps * runs
-    return Estimate(terms, dims, 4 * sc.data.batch_size * sc.model.seq_len * dims.hidden, messages,
-                    6.0 * dims.params * tokens, runs)
+    return Estimate(
+        terms, dims, 4 * sc.data.batch_size * sc.model.seq_len * dims.hidden, messages, 6.0 * dims.params * tokens, runs
+    )
 
 
 def available_memory() -> int | None:
@@ -246,14 +264,17 @@ def check(sc, est: Estimate, budget: int | None, source: str) -> None:
         return
     top = max(est.terms, key=lambda t: t.bytes)
     if not top.keys:
-        raise ConfigError(f"<root>: the process alone needs ~{_size(top.bytes)} ({top.name}), over the budget of "
-                          f"{_size(budget)} ({source}); raise --max-memory or pass --force to run anyway")
+        raise ConfigError(
+            f"<root>: the process alone needs ~{_size(top.bytes)} ({top.name}), over the budget of "
+            f"{_size(budget)} ({source}); raise --max-memory or pass --force to run anyway"
+        )
     key = driving_key(sc, top)
     value = _lookup(sc.to_dict(), key)
     raise ConfigError(
         f"{key}: {value!r} drives the largest term of the memory estimate ({top.name} {_size(top.bytes)} of "
         f"~{_size(est.total)} peak), over the budget of {_size(budget)} ({source}); lower {key} "
-        "(`sentinel validate` prints the estimate), raise --max-memory, or pass --force to run anyway")
+        "(`sentinel validate` prints the estimate), raise --max-memory, or pass --force to run anyway"
+    )
 
 
 def budget_from(max_memory_gib: float | None) -> tuple[int | None, str]:

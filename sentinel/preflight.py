@@ -69,8 +69,11 @@ def check(req: Request) -> Plan:
     nproc = None
     if req.backend == "dist":
         nproc = _check_dist(req, sc)
-    out = check_out_dir(req.out, "--out") if req.out else default_out(sc.name if req.command != "sweep" else
-                                                                    Path(req.scenario).stem + "-sweep")
+    out = (
+        check_out_dir(req.out, "--out")
+        if req.out is not None
+        else default_out(sc.name if req.command != "sweep" else Path(req.scenario).stem + "-sweep")
+    )
     limit, source = budget.budget_from(req.max_memory)
     est = budget.estimate(sc, req.backend, nproc)
     if not req.force:
@@ -87,14 +90,17 @@ def check(req: Request) -> Plan:
 def _check_flags(req: Request) -> None:
     if req.backend != "dist":
         used = [f for f in ("nproc", "resume", "device") if getattr(req, f) is not None] + (
-            ["checkpoint_every"] if req.checkpoint_every else [])
+            ["checkpoint_every"] if req.checkpoint_every else []
+        )
         if used:
             raise ConfigError(f"--{used[0].replace('_', '-')}: only used with --backend dist")
     if not (math.isfinite(req.timeout) and 0 < req.timeout <= MAX_TIMEOUT_S):
         raise ConfigError(f"--timeout {req.timeout}: seconds a message may take, 0 < timeout <= {MAX_TIMEOUT_S:g}")
     if not 0 <= req.checkpoint_every <= scenario_mod.MAX_STEPS:
-        raise ConfigError(f"--checkpoint-every {req.checkpoint_every}: steps between checkpoints, "
-                          f"0 (never) to {scenario_mod.MAX_STEPS:,}")
+        raise ConfigError(
+            f"--checkpoint-every {req.checkpoint_every}: steps between checkpoints, "
+            f"0 (never) to {scenario_mod.MAX_STEPS:,}"
+        )
     if req.nproc is not None and not 1 <= req.nproc <= MAX_NPROC:
         raise ConfigError(f"--nproc {req.nproc}: processes, 1 to {MAX_NPROC}")
 
@@ -104,7 +110,10 @@ def _check_dist(req: Request, sc) -> int:
     from sentinel.dist.mapping import check_world
     from sentinel.dist.runtime import check_supported
 
-    check_supported(sc)
+    try:
+        check_supported(sc)
+    except ConfigError as exc:
+        raise ConfigError([f"{req.scenario}: {p}" for p in exc.problems]) from None
     nproc = req.nproc or sc.num_workers + 1
     check_world(sc.pipeline.stages, sc.pipeline.replicas, nproc)
     if req.resume is not None:
@@ -119,18 +128,25 @@ def check_resume(resume: str, nproc: int | None = None) -> Path:
     root = Path(resume)
     try:
         if not root.is_dir():
-            raise ConfigError(f"--resume {resume}: " + ("not a folder" if root.exists() else "no such folder") +
-                              "; give a previous run's result folder (it holds checkpoints/)")
+            raise ConfigError(
+                f"--resume {resume}: "
+                + ("not a folder" if root.exists() else "no such folder")
+                + "; give a previous run's result folder (it holds checkpoints/)"
+            )
         found = latest(root) or latest(root / "checkpoints")
     except (OSError, ValueError) as exc:
         raise ConfigError(f"--resume {resume}: cannot read it ({exc})") from None
     if found is None:
-        raise ConfigError(f"--resume {resume}: no complete checkpoint there (a step-NNNNNN folder holding "
-                          "COMPLETE); run with --checkpoint-every N to write checkpoints")
+        raise ConfigError(
+            f"--resume {resume}: no complete checkpoint there (a step-NNNNNN folder holding "
+            "COMPLETE); run with --checkpoint-every N to write checkpoints"
+        )
     ranks = len(list(found.glob("rank*.pt")))
     if nproc is not None and ranks and ranks != nproc:
-        raise ConfigError(f"--resume {resume}: {found.name} was written by {ranks} processes; resume it with "
-                          f"--nproc {ranks} (this run would have {nproc})")
+        raise ConfigError(
+            f"--resume {resume}: {found.name} was written by {ranks} processes; resume it with "
+            f"--nproc {ranks} (this run would have {nproc})"
+        )
     return found
 
 
@@ -142,8 +158,10 @@ def check_sweep(req: Request, limit: int | None, source: str) -> list[dict]:
     grid = base.sweep.grid
     sizes = [len(v) if isinstance(v, list) else 1 for v in grid.values()]
     if math.prod(sizes) > MAX_GRID_POINTS:
-        raise ConfigError(f"sweep.grid: {' x '.join(map(str, sizes))} = {math.prod(sizes):,} points; at most "
-                          f"{MAX_GRID_POINTS:,}: shorten a list")
+        raise ConfigError(
+            f"sweep.grid: {' x '.join(map(str, sizes))} = {math.prod(sizes):,} points; at most "
+            f"{MAX_GRID_POINTS:,}: shorten a list"
+        )
     points = sweep.grid_points(base)
     for p in points:
         overrides = list(req.set) + sweep._overrides(p)
@@ -185,15 +203,17 @@ def check_out_dir(path: str, flag: str = "--out") -> Path:
     real = Path(os.path.realpath(path))  # follows the symbolic links that exist already
     for fs in PSEUDO_FS:
         if real == Path(fs) or Path(fs) in real.parents:
-            raise ConfigError(f"{flag} {path}: lies under {fs}, a kernel interface, not a place for results; "
-                              "give a folder on a disk")
+            raise ConfigError(
+                f"{flag} {path}: lies under {fs}, a kernel interface, not a place for results; give a folder on a disk"
+            )
     if any(len(os.fsencode(part)) > 255 for part in real.parts) or len(os.fsencode(str(real))) > 4000:
         raise ConfigError(f"{flag} {path[:80]}...: a name longer than the filesystem allows (255 bytes a part)")
     try:
         existing = next(p for p in (real, *real.parents) if p.exists())
         if existing == real and not real.is_dir():
-            raise ConfigError(f"{flag} {path}: an existing file, not a folder; give a folder (it is created "
-                              "if missing)")
+            raise ConfigError(
+                f"{flag} {path}: an existing file, not a folder; give a folder (it is created if missing)"
+            )
         if not existing.is_dir():
             raise ConfigError(f"{flag} {path}: {existing} is a file, so no folder can be made under it")
         if not os.access(existing, os.W_OK | os.X_OK):

@@ -87,7 +87,8 @@ StrictSafeLoader.yaml_implicit_resolvers = {
     for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()
 }
 StrictSafeLoader.yaml_constructors = {
-    tag: fn for tag, fn in yaml.SafeLoader.yaml_constructors.items()
+    tag: fn
+    for tag, fn in yaml.SafeLoader.yaml_constructors.items()
     if tag not in {f"tag:yaml.org,2002:{t}" for t in ("timestamp", "binary", "set", "omap", "pairs")}
 }
 

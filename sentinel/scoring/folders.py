@@ -116,8 +116,12 @@ def _read_npz(path: Path, problems: _Problems) -> dict[str, np.ndarray] | None:
                     shape, _, dtype = read(f)
                 nbytes = math.prod(shape) * dtype.itemsize
                 if dtype.hasobject or nbytes > info.file_size:
-                    problems.add(name, f"column {info.filename[:-4]!r} declares {shape} {dtype} values it does not "
-                                 "hold" if not dtype.hasobject else f"column {info.filename[:-4]!r} holds objects")
+                    problems.add(
+                        name,
+                        f"column {info.filename[:-4]!r} declares {shape} {dtype} values it does not hold"
+                        if not dtype.hasobject
+                        else f"column {info.filename[:-4]!r} holds objects",
+                    )
                     return None
                 declared += nbytes
             if declared > limit:
@@ -143,8 +147,9 @@ def _check_columns(arrays: dict[str, np.ndarray], problems: _Problems) -> dict[s
         kind = want.kind if want is not None else "f"
         ok_kinds = {"i": "iu", "u": "iu", "f": "f", "b": "b"}[kind]
         if arr.ndim != 1 or arr.dtype.kind not in ok_kinds:
-            problems.add(f"events.npz[{key}]", f"expected a 1-d {want or 'float'} column, got {arr.dtype} of shape "
-                         f"{arr.shape}")
+            problems.add(
+                f"events.npz[{key}]", f"expected a 1-d {want or 'float'} column, got {arr.dtype} of shape {arr.shape}"
+            )
             continue
         tables.setdefault(table, {})[col] = arr
     for table, cols in tables.items():
@@ -207,10 +212,20 @@ META_TYPES = {  # events.json meta keys the scorer reads: a check per key
     "optimum_loss": ("a number or null", lambda v: v is None or _is_number(v)),
     "backend": ("a string", lambda v: isinstance(v, str)),
     "transport": ("an object", lambda v: isinstance(v, dict)),
-    "threshold_rule": ("null or {key, statistic, value, warmup_steps, exact_from}", lambda v: v is None or (
-        isinstance(v, dict) and isinstance(v.get("key"), str) and isinstance(v.get("statistic"), str)
-        and _is_number(v.get("value")) and (v.get("warmup_steps") is None or isinstance(v["warmup_steps"], int))
-        and (v.get("exact_from") is None or _is_number(v["exact_from"])))),
+    "threshold_rule": (
+        "null or {key, statistic, value, warmup_steps, exact_from}",
+        lambda v: (
+            v is None
+            or (
+                isinstance(v, dict)
+                and isinstance(v.get("key"), str)
+                and isinstance(v.get("statistic"), str)
+                and _is_number(v.get("value"))
+                and (v.get("warmup_steps") is None or isinstance(v["warmup_steps"], int))
+                and (v.get("exact_from") is None or _is_number(v["exact_from"]))
+            )
+        ),
+    ),
 }
 
 
@@ -263,17 +278,25 @@ def _scenario(folder: Path, problems: _Problems) -> tuple[SavedScenario | None, 
         problems.add("scenario.yaml", "expected a mapping of sections")
         return None, {}
     inner = _Problems()
-    sections = {name: build(cls, raw.get(name), name, inner) for name, cls in (
-        ("model", ModelConfig), ("data", DataConfig), ("pipeline", PipelineConfig), ("training", TrainingConfig),
-        ("scoring", ScoringConfig))}
+    sections = {
+        name: build(cls, raw.get(name), name, inner)
+        for name, cls in (
+            ("model", ModelConfig),
+            ("data", DataConfig),
+            ("pipeline", PipelineConfig),
+            ("training", TrainingConfig),
+            ("scoring", ScoringConfig),
+        )
+    }
     det = raw.get("detector") if isinstance(raw.get("detector"), dict) else {}
     name, seed = raw.get("name", "unnamed"), raw.get("seed", 0)
     if not isinstance(name, str):
         inner.add("name", "expected a string")
     if isinstance(seed, bool) or not isinstance(seed, int):
         inner.add("seed", "expected an integer")
-    if det.get("mode", "closed_loop") not in ("closed_loop", "open_loop") or not isinstance(det.get("name", "none"),
-                                                                                           str):
+    if det.get("mode", "closed_loop") not in ("closed_loop", "open_loop") or not isinstance(
+        det.get("name", "none"), str
+    ):
         inner.add("detector", "expected a detector name and mode closed_loop or open_loop")
     for p in inner.items:
         problems.add("scenario.yaml", p)
