@@ -1,9 +1,10 @@
 """Everything `run`, `sweep` and `validate` check before any work starts, written once for all three.
 
 `sentinel validate SCENARIO [flags of run]` runs exactly the checks `sentinel run` runs with the same
-flags (and, for a scenario with a `sweep.grid`, the checks `sentinel sweep` runs), without creating
-anything: the scenario (bounded YAML, schema, cross-checks), the flags, the dist backend's limits and
-resume folder, the output folder, every sweep point, and the memory budget (sentinel/budget.py).
+flags, without creating anything: the scenario (bounded YAML, schema, cross-checks), the flags, the dist
+backend's limits and resume folder, the output folder, the memory budget (sentinel/budget.py), and every
+point of the file's `sweep.grid` as `sentinel sweep` expands it (a file with a broken grid is a broken
+file: `run` refuses it too, so validate, run and sweep accept the same files; sweep also needs a grid).
 Any problem is a `ConfigError` (exit 2) with its location; nothing has been written or started.
 """
 
@@ -82,7 +83,7 @@ def check(req: Request) -> Plan:
         except ConfigError as exc:
             raise ConfigError([f"{req.scenario}: {p}" for p in exc.problems]) from None
     points = []
-    if req.command == "sweep" or (req.command == "validate" and sc.sweep.grid):
+    if req.command == "sweep" or sc.sweep.grid:  # the whole file is checked: run refuses a broken grid too
         points = check_sweep(req, None if req.force else limit, source)
     return Plan(sc, out, est, scenario_mod.warnings_for(sc), points)
 
