@@ -42,7 +42,8 @@ def default_nproc(sc) -> int:
 
 def torchrun_command(scenario_path: str, out: Path, overrides: list[str], nproc: int, options: Options,
                      quiet: bool) -> list[str]:
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
+    # torchrun (`torch.distributed.run`) minus the traceback it prints after a rank failed
+    cmd = [sys.executable, "-m", "sentinel.dist.torchrun", "--standalone", f"--nproc-per-node={nproc}",
            "--monitor-interval=1", "-m", "sentinel.dist", str(scenario_path), "--out", str(out),
            "--timeout", str(options.timeout_s), "--device", options.device, "--backend", options.backend]
     for item in overrides:
@@ -137,7 +138,8 @@ def diagnose(out: Path, rank_map: RankMap) -> str:
     lines = [f"{who} died without reporting (killed or crashed)" for who in silent] + errors
     if not lines:
         lines = ["the dist run failed; every rank was ended by the launcher (see the output above)"]
-    return "dist run failed: " + "; ".join(lines)
+    return f"dist run failed ({len(lines)} rank{'s' if len(lines) > 1 else ''}):\n" + "\n".join(
+        f"  {line}" for line in lines)  # one line per failed rank
 
 
 def _salvage(out: Path, rank_map: RankMap, message: str) -> None:
