@@ -7,6 +7,7 @@ Bad input never produces a traceback: errors are printed one per line, located.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
 
@@ -70,8 +71,23 @@ def cmd_list(args: argparse.Namespace) -> int:
     return 0
 
 
+def _describe_scenario(prefix: str) -> int:
+    """`sentinel describe scenario[.SECTION]`: every scenario key with its type, default and range."""
+    from sentinel.config import schema_rows
+    from sentinel.scenario import Scenario
+
+    rows = [r for r in schema_rows(Scenario) if r[0].startswith(prefix)]
+    if not rows:
+        raise ConfigError(f"scenario.{prefix.rstrip('.')}: no such key; see `sentinel describe scenario`")
+    for key, tp, default, rng, help_ in rows:
+        print(f"{key}: {tp} = {default}" + (f"  [{rng}]" if rng else "") + (f"  # {help_}" if help_ else ""))
+    return 0
+
+
 def cmd_describe(args: argparse.Namespace) -> int:
     name = args.name
+    if name == "scenario" or name.startswith("scenario."):
+        return _describe_scenario(name[len("scenario."):])
     kind = None
     if "/" in name:
         kind, name = name.split("/", 1)
@@ -86,7 +102,8 @@ def cmd_describe(args: argparse.Namespace) -> int:
         if info["params"]:
             print("parameters:")
             for p in info["params"]:
-                print(f"  {p['name']}: {p['type']} = {p['default']!r}" + (f"  # {p['help']}" if p["help"] else ""))
+                print(f"  {p['name']}: {p['type']} = {p['default']!r}" + (f"  [{p['range']}]" if p.get("range") else "")
+                      + (f"  # {p['help']}" if p["help"] else ""))
         else:
             print("parameters: none")
     return 0
@@ -173,7 +190,8 @@ def make_parser() -> argparse.ArgumentParser:
     ls = sub.add_parser("list", help="registered plugins")
     ls.add_argument("kind", nargs="?")
     ls.set_defaults(fn=cmd_list)
-    d = sub.add_parser("describe", help="a plugin's parameters and docs (NAME or KIND/NAME)")
+    d = sub.add_parser("describe", help="a plugin's parameters and docs (NAME or KIND/NAME); `scenario` lists "
+                       "every scenario key with its default and range")
     d.add_argument("name")
     d.set_defaults(fn=cmd_describe)
     sw = sub.add_parser("sweep", help="run the scenario's sweep.grid (resumable); one table and plots")
@@ -203,6 +221,9 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     except SentinelError as exc:
         print(f"error: {exc}", file=sys.stderr)
+        return 1
+    except BrokenPipeError:  # stdout closed early (`sentinel describe scenario | head`): nothing left to say
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 1
     except OSError as exc:  # the disk or the system failed us mid-command (full disk, lost mount): not bad input
         print(f"error: {exc.__class__.__name__}: {exc}", file=sys.stderr)

@@ -260,6 +260,54 @@ def build(cls: type, data: Any, path: str = "", problems: _Problems | None = Non
     return obj
 
 
+def type_text(tp: Any) -> str:
+    """A field type as the schema listing shows it: `int`, `float | null`, `gpipe | 1f1b`, `list of str`."""
+    origin, args = typing.get_origin(tp), typing.get_args(tp)
+    if origin is Literal:
+        return " | ".join(str(a) for a in args)
+    if origin in (typing.Union, types.UnionType):
+        return " | ".join("null" if a is type(None) else type_text(a) for a in args)
+    if origin is tuple:
+        return f"list of {type_text(args[0]) if args else 'any'}"
+    if origin in (dict, Mapping) or tp is dict:
+        return "mapping"
+    if isinstance(tp, type) and issubclass(tp, PluginSpec):
+        return f"{tp.PLUGIN_KIND[:-1]} (name + its parameters: `sentinel describe NAME`)"
+    return getattr(tp, "__name__", str(tp))
+
+
+def schema_rows(cls: type, prefix: str = "") -> list[tuple[str, str, str, str, str]]:
+    """(key, type, default, range, help) for every key of a config dataclass, nested sections expanded."""
+    rows = []
+    hints = _hints(cls)
+    for f in dataclasses.fields(cls):
+        if not f.init or f.name == "config":
+            continue
+        key = f"{prefix}{f.metadata.get('alias') or f.name}"
+        tp = hints[f.name]
+        inner = typing.get_args(tp)[0] if typing.get_origin(tp) is tuple and typing.get_args(tp) else None
+        nested = tp if isinstance(tp, type) and dataclasses.is_dataclass(tp) else None
+        if nested is not None:
+            if issubclass(nested, PluginSpec):  # name + the spec's own keys; the plug-in's keys: describe NAME
+                name = to_plain(f.default_factory()).get("name") if callable(f.default_factory) else None
+                rows.append((f"{key}.name", f"{nested.PLUGIN_KIND[:-1]} name", repr(name), "",
+                             f"`sentinel list {nested.PLUGIN_KIND}`; its parameters: `sentinel describe NAME`"))
+            rows += [r for r in schema_rows(nested, f"{key}.") if r[0] != f"{key}.name"]
+            continue
+        if inner is not None and isinstance(inner, type) and dataclasses.is_dataclass(inner):
+            rows.append((key, f"list of {inner.PLUGIN_KIND[:-1] if issubclass(inner, PluginSpec) else 'items'}",
+                         "[]", "", f.metadata.get("help", "")))
+            rows += schema_rows(inner, f"{key}[].")
+            continue
+        if f.default_factory is not dataclasses.MISSING:  # type: ignore[misc]
+            default = repr(to_plain(f.default_factory()))  # type: ignore[misc]
+        else:
+            default = "(required)" if f.default is dataclasses.MISSING else repr(f.default)
+        scalar = next((a for a in (tp, *typing.get_args(tp)) if a in (int, float)), None)
+        rows.append((key, type_text(tp), default, range_text(f.metadata, scalar), f.metadata.get("help", "")))
+    return rows
+
+
 def to_plain(obj: Any) -> Any:
     """Dataclass -> plain dict/list (plugin configs flattened back beside `name`)."""
     if isinstance(obj, PluginSpec):

@@ -16,8 +16,15 @@ pytestmark = pytest.mark.slow
 def test_a_crashed_rank_gives_one_line_per_rank_and_no_traceback(tmp_path):
     path = write_scenario(tmp_path, {**LINE, "training": {**LINE["training"], "steps": 20}})
     with pytest.raises(RunError) as info:
-        launch(str(path), tmp_path / "out", nproc=4, options=Options(timeout_s=20, faults=("crash:s1r0:2",)),
-               quiet=True, timeout_s=180, output=tmp_path / "out.log")
+        launch(
+            str(path),
+            tmp_path / "out",
+            nproc=4,
+            options=Options(timeout_s=20, faults=("crash:s1r0:2",)),
+            quiet=True,
+            timeout_s=180,
+            output=tmp_path / "out.log",
+        )
     lines = str(info.value).splitlines()
     assert lines[0] == "dist run failed (4 ranks):"
     assert sorted(line.split(" (")[0].strip() for line in lines[1:]) == ["rank 0", "rank 1", "rank 2", "rank 3"]
