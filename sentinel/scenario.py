@@ -314,7 +314,8 @@ def _mesh_and_name(sc: Scenario) -> list[tuple[str, str]]:
         out.append(("pipeline.replicas", f"{sc.pipeline.stages} stages x {sc.pipeline.replicas} replicas = "
                     f"{sc.num_workers:,} workers; at most {MAX_WORKERS:,}: lower pipeline.replicas or pipeline.stages"))
     if len(sc.name) > 200 or any(not ch.isprintable() for ch in sc.name):
-        out.append(("name", f"{sc.name[:40]!r}...: at most 200 printable characters (it names the result folder)"))
+        shown = repr(sc.name) if len(sc.name) <= 40 else f"{sc.name[:40]!r}... ({len(sc.name)} characters)"
+        out.append(("name", f"{shown}: at most 200 printable characters (it names the result folder)"))
     return out
 
 

@@ -72,48 +72,56 @@ class FuzzCase:
     has_grid: bool
 
 
-def _mutate_data(rng: random.Random, data: dict, log: list[str]) -> bool:
-    """One structural mutation of the parsed scenario; True if it makes the scenario bad by construction."""
-    paths = [p for p in _paths(data)]
+def _forget_under(bad: list[tuple], path: tuple) -> None:
+    """A mutation at `path` replaced or removed whatever bad mutations lay under it."""
+    bad[:] = [b for b in bad if b[: len(path)] != path]
+
+
+def _mutate_data(rng: random.Random, data: dict, log: list[str], bad: list[tuple]) -> None:
+    """One structural mutation of the parsed scenario; appends its path to `bad` if it is bad by construction."""
+    paths = _paths(data)
     if not paths:
-        return False
+        return
     path = rng.choice(paths)
     value = _get(data, path)
     kind = rng.choice(["drop", "rename", "wrong_type", "huge", "nonfinite", "negative", "float_max"])
     if kind == "drop":
         parent = _get(data, path[:-1])
-        parent.pop(path[-1]) if isinstance(parent, dict) else parent.pop(path[-1])
+        parent.pop(path[-1])
+        _forget_under(bad, path if isinstance(path[-1], str) else path[:-1])  # list indices shift
         log.append(f"drop {_dotted(path)}")
-        return False
+        return
     if kind == "rename" and isinstance(path[-1], str):
         parent = _get(data, path[:-1])
         parent[path[-1] + "x"] = parent.pop(path[-1])
+        _forget_under(bad, path)
         log.append(f"rename {_dotted(path)}")
-        return not _free(path) and not _dotted(path).startswith("sweep.grid.")  # grid keys: checked per point
+        if not _free(path) and not _dotted(path).startswith("sweep.grid."):  # grid keys: checked per point
+            bad.append(path[:-1] + (path[-1] + "x",))
+        return
+    _forget_under(bad, path)
     if not _is_number(value):
         replacement = rng.choice([123, -1, 2.5, "zz", [1], {"a": 1}, None, True])
         _set(data, path, replacement)
         log.append(f"wrong_type {_dotted(path)}={replacement!r}")
-        return False
+        return
+    certain = not _free(path)
     if kind == "wrong_type":
         _set(data, path, "zz-not-a-number")
-        log.append(f"wrong_type {_dotted(path)}")
-        return not _free(path)
-    if kind == "huge":
+    elif kind == "huge":
         _set(data, path, rng.choice([10**400, -(10**400), 2**64, 2**63]))
-        log.append(f"huge {_dotted(path)}")
-        return not _free(path) and abs(_get(data, path)) > 10**300  # overflows any float; above every int bound
-    if kind == "nonfinite":
+        certain &= abs(_get(data, path)) > 10**300  # overflows any float; above every integer bound
+    elif kind == "nonfinite":
         _set(data, path, rng.choice([float("nan"), float("inf"), float("-inf")]))
-        log.append(f"nonfinite {_dotted(path)}")
-        return not _free(path)
-    if kind == "negative":
+    elif kind == "negative":
         _set(data, path, -abs(value) - rng.choice([0, 1, 10**6]))
-        log.append(f"negative {_dotted(path)}")
-        return False
-    _set(data, path, rng.choice([1e308, -1e308, 1e-308]))
-    log.append(f"float_max {_dotted(path)}")
-    return False
+        certain = False
+    else:
+        _set(data, path, rng.choice([1e308, -1e308, 1e-308]))
+        certain = False
+    log.append(f"{kind} {_dotted(path)}")
+    if certain:
+        bad.append(path)
 
 
 def _dump(data: Any) -> str:
@@ -219,14 +227,16 @@ def make_case(rng: random.Random, ws: Path) -> FuzzCase:
     data = yaml.safe_load(source.read_text()) or {}
     data = copy.deepcopy(data)
     log: list[str] = []
-    bad = False
+    bad_paths: list[tuple] = []
     mild = rng.random() < 0.3  # one mutation, no damage to the text, no flags: many of these are accepted
     for _ in range(1 if mild else rng.randint(1, 3)):
-        bad |= _mutate_data(rng, data, log)
+        _mutate_data(rng, data, log, bad_paths)
     body = _dump(data).encode()
+    bad = bool(bad_paths)
     if not mild and rng.random() < 0.35:
         body, text_bad = _mutate_text(rng, body.decode(), log)
-        bad |= text_bad
+        # truncation and byte damage may remove (or garble) what made it bad: only their own verdict counts
+        bad = text_bad or (bad and log[-1].startswith(("duplicate_line", "deep")))
     flags, flags_bad = ([], False) if mild else _flags(rng, data, ws, log)
     grid = isinstance(data.get("sweep"), dict) and bool(data["sweep"].get("grid"))
     return FuzzCase(str(source.relative_to(ROOT)), body, flags, log, bad or flags_bad, grid)
