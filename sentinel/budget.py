@@ -17,6 +17,8 @@ Memory (bytes; float32 training state, the sim backend's single process unless n
                    (M B) x V comparison per token; text: 9 bytes per byte of the file (raw + int64 tokens)
     event log      ~1 KiB per boundary message (columns, verdict scores, the scorer's indexes), for the run
                    and every twin / confirmation run held at the end
+    plug-ins       what a plug-in declares through an optional `memory_bytes(config, scenario)` classmethod
+                   (a detector's windows, an attack's replay buffers); none of the built-ins declares it yet
 
 Work: boundary messages (2 (S-1) M per step, per run) and training FLOPs (6 x parameters x tokens, forward
 and backward, per run). Assumes attention kernels with memory linear in T (torch's fused CPU and GPU
@@ -169,6 +171,27 @@ def _data_bytes(sc) -> int:
         return batch  # an unreadable path is reported by the scenario's own check
 
 
+def plugin_bytes(sc) -> int:
+    """State the scenario's plug-ins declare: an optional `memory_bytes(config, scenario) -> int` classmethod
+    on a detector, aggregator, codec or attack (e.g. a detector's windows per stream) joins the estimate."""
+    from sentinel.registry import REGISTRIES
+
+    t = sc.transport
+    specs = [
+        ("detectors", sc.detector),
+        ("aggregators", sc.dp.aggregator),
+        ("codecs", t.codec),
+        ("codecs", t.activation_codec),
+        ("codecs", t.gradient_codec),
+    ]
+    specs += [("attacks", a) for a in sc.adversary.attacks]
+    total = 0
+    for kind, spec in specs:
+        fn = getattr(REGISTRIES[kind].get(spec.name), "memory_bytes", None) if spec is not None else None
+        total += int(fn(spec.config, sc)) if callable(fn) else 0
+    return total
+
+
 def messages_per_step(sc) -> int:
     p = sc.pipeline
     dp = p.stages * p.replicas if any(a.role == "dp_gradient" for a in sc.adversary.attacks) else 0
@@ -196,6 +219,7 @@ def estimate(sc, backend: str = "sim", nproc: int | None = None) -> Estimate:
         if sc.data.source == "text"
         else ("data.vocab", "data.order", "data.batch_size", "pipeline.microbatches")
     )
+    plugins = plugin_bytes(sc)
     terms = (
         Term("runtime", nproc * RUNTIME_BYTES, ("pipeline.replicas", "pipeline.stages") if backend == "dist" else ()),
         Term(
@@ -205,6 +229,7 @@ def estimate(sc, backend: str = "sim", nproc: int | None = None) -> Estimate:
         ),
         Term("activations", _activation_bytes(sc, dims), act_keys),
         Term("data", _data_bytes(sc), data_keys),
+        *([Term("plug-ins", plugins, ("detector.name",))] if plugins else []),
         Term(
             "event log",
             LOG_BYTES_PER_MESSAGE * messages,

@@ -24,9 +24,10 @@ from typing import Any, ClassVar, Literal
 from sentinel.errors import ConfigError, UnknownPluginError
 from sentinel.registry import REGISTRIES, did_you_mean
 
-# Integers without a stated range: at most a C int32 (they size buffers, counts and loops; a 20-digit
-# value must never reach numpy, torch or range()). Keys that need more state their own `le`.
-INT_BOUNDS = {"ge": -(2**31), "le": 2**31 - 1}
+# Integers without a stated range (plug-in parameters mostly: windows, memories, step counts) accept
+# |x| <= 10^7, the step bound: they size buffers and loops, and a 20-digit value must never reach numpy,
+# torch or range(). A key that needs more, or less, states its own `ge` / `le`.
+INT_BOUNDS = {"ge": -10_000_000, "le": 10_000_000}
 
 
 def spec(default: Any = dataclasses.MISSING, *, help: str = "", **rules: Any) -> Any:

@@ -75,3 +75,15 @@ def test_readme_lists_every_numeric_range():
     text = README.read_text()
     for key, _, default, rng, _ in _numeric_rows():
         assert f"| `{key}` | {rng} | {default} |" in text, f"README range table is missing or stale for {key}"
+
+
+def test_a_plugin_can_declare_its_memory(monkeypatch):
+    from sentinel.registry import DETECTORS
+
+    cls = DETECTORS.get("sentinel")
+    monkeypatch.setattr(cls, "memory_bytes", classmethod(lambda c, cfg, sc: cfg.window * 2**20), raising=False)
+    sc = scenario.validate(BASE, ["detector.name=sentinel", "detector.window=5000"])
+    est = budget.estimate(sc)
+    assert {t.name: t.bytes for t in est.terms}["plug-ins"] == 5000 * 2**20
+    with pytest.raises(ConfigError, match="plug-ins"):
+        budget.check(sc, est, 4 * budget.GIB, "a test budget")
