@@ -247,13 +247,13 @@ def load_log(folder: Path, problems: _Problems) -> EventLog | None:
     if not isinstance(names, dict):
         problems.add("events.json", f"expected an object, got {type(names).__name__}")
         return None
+    before = len(problems.items)
     workers = _strings(names.get("workers"), "workers", problems)
     attacks = _strings(names.get("attacks"), "attacks", problems)
     meta = names.get("meta", {})
     _check_meta(meta, problems)
-    before = len(problems.items)
     tables = _check_columns(arrays, problems)
-    if len(problems.items) == before:
+    if len(problems.items) == before:  # indexes are only meaningful once names and columns are sound
         _check_indexes(tables, len(workers), len(attacks), problems)
     if len(problems.items) != before:
         return None
