@@ -44,11 +44,11 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 def cmd_validate(args: argparse.Namespace) -> int:
-    from sentinel import preflight
+    from sentinel import preflight, scenario
 
     plan = preflight.check(preflight.Request.from_args(args, "validate"))  # what `run` (and `sweep`) check
     sc = plan.scenario
-    for note in plan.warnings:
+    for note in scenario.warnings_for(sc):
         print(f"warning: {note}", file=sys.stderr)
     points = f"; sweep.grid: {len(plan.points)} points, each valid" if plan.points else ""
     print(f"{args.scenario}: ok ({sc.name}: {sc.num_workers} workers, {sc.training.steps} steps{points})")

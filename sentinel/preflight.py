@@ -54,12 +54,11 @@ class Request:
 
 @dataclasses.dataclass(frozen=True)
 class Plan:
-    """What passed: the scenario, where results go, the estimate, notes, and the sweep's points."""
+    """What passed: the scenario, where results go, the estimate, and the sweep's points."""
 
     scenario: scenario_mod.Scenario
     out: Path
     estimate: budget.Estimate
-    warnings: list[str]
     points: list[dict] = dataclasses.field(default_factory=list)
 
 
@@ -85,7 +84,7 @@ def check(req: Request) -> Plan:
     points = []
     if req.command == "sweep" or sc.sweep.grid:  # the whole file is checked: run refuses a broken grid too
         points = check_sweep(req, None if req.force else limit, source)
-    return Plan(sc, out, est, scenario_mod.warnings_for(sc), points)
+    return Plan(sc, out, est, points)
 
 
 def _check_flags(req: Request) -> None:
