@@ -291,13 +291,27 @@ def schema_rows(cls: type, prefix: str = "") -> list[tuple[str, str, str, str, s
         if nested is not None:
             if issubclass(nested, PluginSpec):  # name + the spec's own keys; the plug-in's keys: describe NAME
                 name = to_plain(f.default_factory()).get("name") if callable(f.default_factory) else None
-                rows.append((f"{key}.name", f"{nested.PLUGIN_KIND[:-1]} name", repr(name), "",
-                             f"`sentinel list {nested.PLUGIN_KIND}`; its parameters: `sentinel describe NAME`"))
+                rows.append(
+                    (
+                        f"{key}.name",
+                        f"{nested.PLUGIN_KIND[:-1]} name",
+                        repr(name),
+                        "",
+                        f"`sentinel list {nested.PLUGIN_KIND}`; its parameters: `sentinel describe NAME`",
+                    )
+                )
             rows += [r for r in schema_rows(nested, f"{key}.") if r[0] != f"{key}.name"]
             continue
         if inner is not None and isinstance(inner, type) and dataclasses.is_dataclass(inner):
-            rows.append((key, f"list of {inner.PLUGIN_KIND[:-1] if issubclass(inner, PluginSpec) else 'items'}",
-                         "[]", "", f.metadata.get("help", "")))
+            rows.append(
+                (
+                    key,
+                    f"list of {inner.PLUGIN_KIND[:-1] if issubclass(inner, PluginSpec) else 'items'}",
+                    "[]",
+                    "",
+                    f.metadata.get("help", ""),
+                )
+            )
             rows += schema_rows(inner, f"{key}[].")
             continue
         if f.default_factory is not dataclasses.MISSING:  # type: ignore[misc]
