@@ -20,6 +20,8 @@ from typing import Any
 
 import numpy as np
 
+from sentinel import strictjson
+
 
 class Table:
     """Columns of a fixed dtype that grow by doubling; `append` writes one row."""
@@ -150,7 +152,7 @@ class EventLog:
         arrays = {f"{t}.{k}": v for t in self.TABLES for k, v in getattr(self, t).as_arrays().items()}
         np.savez_compressed(out_dir / "events.npz", **arrays)
         (out_dir / "events.json").write_text(
-            json.dumps({"workers": self.workers, "attacks": self.attacks, "meta": self.meta}, indent=1)
+            strictjson.dumps({"workers": self.workers, "attacks": self.attacks, "meta": self.meta}, indent=1)
         )
 
     @classmethod

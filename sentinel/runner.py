@@ -39,7 +39,7 @@ from sentinel.eventlog import EventLog
 from sentinel.scenario import Scenario
 from sentinel.scoring.metrics import impact_metrics
 from sentinel.scoring.report import finish
-from sentinel.scoring.summary import build_summary, confirmation_metrics
+from sentinel.scoring.summary import build_summary, confirmation_metrics, threshold_rule
 
 
 def build_engine(scenario: Scenario, log: EventLog | None = None) -> SimEngine:
@@ -202,7 +202,8 @@ def run(scenario: Scenario, out_dir: Path, progress: bool | None = None, backend
     tokens_per_step = p.microbatches * sc.data.batch_size * sc.model.seq_len
     impact = impact_metrics(engine.log, twins, engine.data.optimum_loss, tokens_per_step) if twins else None
     log = engine.log
-    log.meta.update(malicious=malicious_workers(engine), optimum_loss=engine.data.optimum_loss, backend=backend)
+    log.meta.update(malicious=malicious_workers(engine), optimum_loss=engine.data.optimum_loss, backend=backend,
+                    threshold_rule=threshold_rule(scenario))  # `sentinel report` re-scores without plug-in code
     net = network_report(engine)  # {} when transport.network.enabled is false
     log.meta["transport"] = net
     summary = build_summary(

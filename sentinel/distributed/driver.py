@@ -10,7 +10,6 @@ it announces each training job (the run, its twins, the confirmation) to the oth
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import time
@@ -20,6 +19,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
+from sentinel import strictjson
 from sentinel.distributed.merge import log_from_bytes, log_to_bytes, merge
 from sentinel.distributed.program import DistProgram
 from sentinel.distributed.runtime import Runtime, check_supported
@@ -83,7 +83,7 @@ def trainer(rt: Runtime, top: Path | None):
         if out_dir is not None:
             out_dir.mkdir(parents=True, exist_ok=True)
             log.save(out_dir)
-            (out_dir / "dist_timing.json").write_text(json.dumps(timing(program, rt), indent=1))
+            (out_dir / "dist_timing.json").write_text(strictjson.dumps(timing(program, rt), indent=1))
         return program, result, time.perf_counter() - t0
 
     return train
@@ -176,4 +176,5 @@ def write_exit(top: Path | None, rank: int, status: str, message: str = "") -> N
         return
     d = top / "ranks" / f"rank{rank}"
     d.mkdir(parents=True, exist_ok=True)
-    (d / "exit.json").write_text(json.dumps({"rank": rank, "pid": os.getpid(), "status": status, "message": message}))
+    (d / "exit.json").write_text(strictjson.dumps({"rank": rank, "pid": os.getpid(), "status": status,
+                                                   "message": message}))
