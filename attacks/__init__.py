@@ -17,9 +17,20 @@ Write your own: subclass `Attack`, give it a frozen `Config`, implement `apply`,
 `@register_attack("name")` (see attacks/README_SECTION.md).
 """
 
-from attacks import adaptive, basic, byzantine, collusion, gating, post_codec, replay, targets  # noqa: F401  (registers)
+from attacks import (  # noqa: F401  (registers)
+    adaptive,
+    basic,
+    byzantine,
+    collusion,
+    gating,
+    post_codec,
+    replay,
+    targets,
+    validation,  # noqa: F401  (registers the adversary section's scenario checks)
+)
 from attacks.base import Attack, AttackContext
 from attacks.detector_view import DetectorView, ReferenceView
+from attacks.layer import AdversaryLayer
 from sentinel.registry import ATTACKS
 
 register_attack = ATTACKS.register
@@ -31,6 +42,4 @@ def build_adversary(scenario, engine):
     """The adversary layer for this scenario, or None when it configures no attack."""
     if not scenario.adversary.attacks:
         return None
-    from attacks.layer import AdversaryLayer
-
     return AdversaryLayer(scenario, engine.workers, engine.log)

@@ -9,13 +9,17 @@ needs `protect` without `last`).
 from __future__ import annotations
 
 from attacks.assignment import assign_malicious, assignment_problems
+from attacks.base import Attack
+from attacks.gating import Wrapper
 from attacks.schedule import schedule_problems
-from sentinel.registry import ATTACKS
+from sentinel.registry import AGGREGATORS, ATTACKS
+from sentinel.scenario import cross_check
 
 ROLE_SETS = {"activation": {"activation"}, "gradient": {"gradient"}, "both": {"activation", "gradient"},
              "dp_gradient": {"dp_gradient"}}
 
 
+@cross_check
 def check_adversary(sc) -> list[tuple[str, str]]:
     """Every cross-field problem of `sc.adversary` (empty when the section is consistent)."""
     out = assignment_problems(sc)
@@ -53,9 +57,6 @@ def attack_problems(i: int, spec, sc, malicious: list[str]) -> list[tuple[str, s
 
 def white_box_attacks(sc) -> list[str]:
     """YAML paths of the attacks that read the detector's public state (their class overrides `attach_view`)."""
-    from attacks.base import Attack
-    from attacks.gating import Wrapper
-
     def white_box(name: str, config) -> bool:
         cls = ATTACKS.get(name)
         if issubclass(cls, Wrapper):
@@ -64,3 +65,26 @@ def white_box_attacks(sc) -> list[str]:
 
     return [f"adversary.attacks[{i}].name" for i, spec in enumerate(sc.adversary.attacks)
             if white_box(spec.name, spec.config)]
+
+
+@cross_check
+def dp_aggregator_domain(sc) -> list[tuple[str, str]]:
+    """A robust DP aggregator must tolerate the malicious replicas of a stage when they attack the DP sync."""
+    if not any(a.role == "dp_gradient" for a in sc.adversary.attacks):
+        return []
+    try:
+        malicious = assign_malicious(sc.adversary, sc.pipeline.stages, sc.pipeline.replicas, sc.seed)
+    except Exception:  # malformed adversary sections are reported by check_adversary
+        return []
+    per_stage: dict[str, int] = {}
+    for wid in malicious:
+        stage = wid.split("r")[0]
+        per_stage[stage] = per_stage.get(stage, 0) + 1
+    f = max(per_stage.values(), default=0)
+    agg = sc.dp.aggregator
+    msg = AGGREGATORS.get(agg.name).check_domain(agg.config, sc.pipeline.replicas, f) if f else None
+    if msg:
+        return [("dp.aggregator.name", f"{msg}; the adversary holds {f} of {sc.pipeline.replicas} replicas of a "
+                 "stage and attacks the DP sync: choose another aggregator, raise pipeline.replicas or lower "
+                 "adversary.fraction")]
+    return []

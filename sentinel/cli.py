@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 
 from sentinel import strictjson
+from sentinel.config import describe_plugin
 from sentinel.errors import ConfigError, SentinelError
 from sentinel.registry import REGISTRIES, did_you_mean, one_line
 
@@ -45,11 +46,11 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 def cmd_validate(args: argparse.Namespace) -> int:
-    from sentinel import preflight, scenario
+    from sentinel import preflight
 
     plan = preflight.check(preflight.Request.from_args(args, "validate"))  # what `run` (and `sweep`) check
     sc = plan.scenario
-    for note in scenario.warnings_for(sc):
+    for note in preflight.warnings_for(sc):
         print(f"warning: {note}", file=sys.stderr)
     points = f"; sweep.grid: {len(plan.points)} points, each valid" if plan.points else ""
     print(f"{args.scenario}: ok ({sc.name}: {sc.num_workers} workers, {sc.training.steps} steps{points})")
@@ -97,7 +98,7 @@ def cmd_describe(args: argparse.Namespace) -> int:
         every = sorted({n for reg in REGISTRIES.values() for n in reg.names()})
         raise ConfigError(f"no plugin named {name!r}{did_you_mean(name, every)}; see `sentinel list`")
     for k in hits:
-        info = REGISTRIES[k].describe(name)
+        info = describe_plugin(REGISTRIES[k], name)
         print(f"{k}/{name}\n")
         print(info["doc"] + "\n")
         if info["params"]:

@@ -371,3 +371,17 @@ def set_path(data: dict[str, Any], dotted: str, value: Any) -> None:
         where = ".".join(str(p) for p in parts[:-1])
         raise ConfigError(f"--set {dotted}: {where} is {node!r}, not a mapping")
     node[last] = value
+
+
+def describe_plugin(registry, name: str) -> dict[str, Any]:
+    """Parameters (type, default, range, help) and docs of one registered plugin (for `sentinel describe`)."""
+    cls = registry.get(name)
+    params = []
+    for f in dataclasses.fields(cls.Config):
+        default = f.default if f.default is not dataclasses.MISSING else None
+        if f.default_factory is not dataclasses.MISSING:  # type: ignore[misc]
+            default = f.default_factory()  # type: ignore[misc]
+        is_int = f.type in (int, "int", "int | None")  # plug-in modules use string annotations
+        params.append({"name": f.name, "type": getattr(f.type, "__name__", str(f.type)), "default": default,
+                       "help": f.metadata.get("help", ""), "range": range_text(f.metadata, int if is_int else None)})
+    return {"kind": registry.kind, "name": name, "doc": (cls.__doc__ or "").strip(), "params": params}

@@ -17,6 +17,8 @@ import os
 import re
 from pathlib import Path
 
+from attacks.assignment import malicious_per_stage, open_stages
+from proofs.honest_majority import prob_stage_compromised
 from sentinel import budget
 from sentinel import scenario as scenario_mod
 from sentinel.errors import ConfigError
@@ -237,3 +239,31 @@ def check_out_file(path: str, flag: str = "--out") -> Path:
     if not Path(os.path.realpath(folder)).is_dir():
         raise ConfigError(f"{flag} {path}: the folder {folder} does not exist; create it first")
     return target
+
+
+def warnings_for(sc: scenario_mod.Scenario) -> list[str]:
+    """Non-fatal notes about a valid scenario (printed by `sentinel validate` and `sentinel run`).
+
+    Lemma 1 (proofs/honest_majority.md): SENTINEL assumes an honest majority in every stage. This
+    testbed's `placement: random` places the same number of malicious replicas in each open stage, so
+    the assumption holds by construction; a real deployment that assigns workers to stages uniformly at
+    random does not get that guarantee. We report the probability it would be broken for the same
+    number of malicious workers, and warn when it is above 1%.
+    """
+    out = []
+    adv, p = sc.adversary, sc.pipeline
+    if adv.attacks and adv.placement == "random" and adv.fraction > 0:
+        stages = open_stages(p.stages, adv.protect)
+        f = malicious_per_stage(adv.fraction, p.replicas) * len(stages)
+        protect_ends = len(stages) == p.stages - 2 and p.stages > 2
+        try:
+            prob = prob_stage_compromised(p.stages, p.replicas, f, exact=p.stages * p.replicas <= 4096, protect_ends=protect_ends)
+        except ValueError:
+            return out
+        if prob > 0.01:
+            out.append(
+                f"adversary.fraction: {f} malicious workers assigned uniformly at random over the mesh (not per stage, "
+                f"as here) would break some stage's honest majority with probability {prob:.3f} (Lemma 1, "
+                "proofs/honest_majority.md); results here assume the per-stage placement"
+            )
+    return out

@@ -25,7 +25,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 from collections.abc import Callable, Iterator
-from typing import Any, TypeVar
+from typing import TypeVar
 
 from sentinel.errors import SentinelError, UnknownPluginError
 
@@ -110,33 +110,6 @@ class Registry:
 
     def __iter__(self) -> Iterator[str]:
         return iter(self.names())
-
-    def describe(self, name: str) -> dict[str, Any]:
-        """Parameters, defaults and docs of one plugin (for `sentinel describe`)."""
-        cls = self.get(name)
-        params = []
-        for f in dataclasses.fields(cls.Config):
-            default = f.default if f.default is not dataclasses.MISSING else None
-            if f.default_factory is not dataclasses.MISSING:  # type: ignore[misc]
-                default = f.default_factory()  # type: ignore[misc]
-            params.append(
-                {
-                    "name": f.name,
-                    "type": getattr(f.type, "__name__", str(f.type)),
-                    "default": default,
-                    "help": f.metadata.get("help", ""),
-                    "range": _range(f),
-                }
-            )
-        return {"kind": self.kind, "name": name, "doc": (cls.__doc__ or "").strip(), "params": params}
-
-
-def _range(f: dataclasses.Field) -> str:
-    """The field's documented range (sentinel/config.py rules; integers have a default bound)."""
-    from sentinel.config import range_text
-
-    is_int = f.type in (int, "int", "int | None")  # plug-in modules use string annotations
-    return range_text(f.metadata, int if is_int else None)
 
 
 def one_line(cls: type) -> str:

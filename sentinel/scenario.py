@@ -16,6 +16,7 @@ from typing import Any, ClassVar, Literal
 from sentinel import safeyaml
 from sentinel.config import PluginSpec, build, set_path, spec, to_plain
 from sentinel.errors import ConfigError
+from sentinel.registry import REGISTRIES
 
 MAX_STEPS = 10_000_000  # steps, step counts and step offsets (a run of 10^7 steps is weeks of compute)
 MAX_WORKERS = 16_384  # stages x replicas in one mesh (the library's largest is 512)
@@ -235,27 +236,15 @@ class Scenario:
         return to_plain(self)
 
 
-# Cross-field rules run after every section is well-typed. Each returns (path, message) problems.
+# Cross-field rules run after every section is well-typed. Each returns (path, message) problems. Rules about a
+# plug-in kind live with its package and register here (attacks/validation.py, sentinel/detectors/__init__.py);
+# `validate` loads every registry first, so they are in place whatever the scenario names.
 CROSS_CHECKS: list = []
 
 
 def cross_check(fn):
     CROSS_CHECKS.append(fn)
     return fn
-
-
-@cross_check
-def _wire_view(sc: Scenario) -> list[tuple[str, str]]:
-    """A recomputing detector compares with the decoded recomputation: it needs the decoded view."""
-    if sc.detector.view != "wire":
-        return []
-    from sentinel.detectors.recompute import Duplication
-    from sentinel.registry import DETECTORS
-
-    if issubclass(DETECTORS.get(sc.detector.name), Duplication):
-        return [("detector.view", f"{sc.detector.name} compares a message with its trusted recomputation, which "
-                 "is a decoded tensor: use view: decoded")]
-    return []
 
 
 @cross_check
@@ -336,49 +325,6 @@ def _transport(sc: Scenario) -> list[tuple[str, str]]:
     return out
 
 
-@cross_check
-def _adversary(sc: Scenario) -> list[tuple[str, str]]:
-    """Who is malicious, honest majority, attack roles / workers / schedules (rules in attacks/validation.py)."""
-    from attacks.validation import check_adversary
-
-    return check_adversary(sc)
-
-
-@cross_check
-def _dp_aggregator_domain(sc: Scenario) -> list[tuple[str, str]]:
-    """A robust DP aggregator must tolerate the malicious replicas of a stage when they attack the DP sync."""
-    if not any(a.role == "dp_gradient" for a in sc.adversary.attacks):
-        return []
-    from attacks.assignment import assign_malicious
-    from sentinel.registry import AGGREGATORS
-
-    try:
-        malicious = assign_malicious(sc.adversary, sc.pipeline.stages, sc.pipeline.replicas, sc.seed)
-    except Exception:  # malformed adversary sections are reported by _adversary
-        return []
-    per_stage: dict[str, int] = {}
-    for wid in malicious:
-        stage = wid.split("r")[0]
-        per_stage[stage] = per_stage.get(stage, 0) + 1
-    f = max(per_stage.values(), default=0)
-    agg = sc.dp.aggregator
-    msg = AGGREGATORS.get(agg.name).check_domain(agg.config, sc.pipeline.replicas, f) if f else None
-    if msg:
-        return [("dp.aggregator.name", f"{msg}; the adversary holds {f} of {sc.pipeline.replicas} replicas of a "
-                 "stage and attacks the DP sync: choose another aggregator, raise pipeline.replicas or lower "
-                 "adversary.fraction")]
-    return []
-
-
-@cross_check
-def _detector_params(sc: Scenario) -> list[tuple[str, str]]:
-    """Rules a detector states about its own parameters (`check_config(config) -> [(key, message)]`)."""
-    from sentinel.registry import DETECTORS
-
-    check = getattr(DETECTORS.get(sc.detector.name), "check_config", None)
-    return [(f"detector.{key}", msg) for key, msg in check(sc.detector.config)] if check else []
-
-
 def validate(data: Any, overrides: list[str] | tuple[str, ...] = ()) -> Scenario:
     """Mapping (parsed YAML) + `KEY=VALUE` overrides -> Scenario, or ConfigError with every problem."""
     if data is None:
@@ -387,6 +333,8 @@ def validate(data: Any, overrides: list[str] | tuple[str, ...] = ()) -> Scenario
         raise ConfigError(f"<root>: a scenario must be a mapping of sections, got {type(data).__name__}")
     data = _apply_overrides(data, overrides)
     sc = build(Scenario, data)
+    for registry in REGISTRIES.values():  # the plug-in packages register their cross-checks when they load
+        registry.names()
     problems = [f"{path}: {msg}" for check in CROSS_CHECKS for path, msg in check(sc)]
     if problems:
         raise ConfigError(problems)
@@ -418,34 +366,3 @@ def load(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -> Scena
         return validate(data, overrides)
     except ConfigError as exc:
         raise ConfigError([f"{path}: {p}" for p in exc.problems]) from None
-
-
-def warnings_for(sc: Scenario) -> list[str]:
-    """Non-fatal notes about a valid scenario (printed by `sentinel validate` and `sentinel run`).
-
-    Lemma 1 (proofs/honest_majority.md): SENTINEL assumes an honest majority in every stage. This
-    testbed's `placement: random` places the same number of malicious replicas in each open stage, so
-    the assumption holds by construction; a real deployment that assigns workers to stages uniformly at
-    random does not get that guarantee. We report the probability it would be broken for the same
-    number of malicious workers, and warn when it is above 1%.
-    """
-    out = []
-    adv, p = sc.adversary, sc.pipeline
-    if adv.attacks and adv.placement == "random" and adv.fraction > 0:
-        from attacks.assignment import malicious_per_stage, open_stages
-        from proofs.honest_majority import prob_stage_compromised
-
-        stages = open_stages(p.stages, adv.protect)
-        f = malicious_per_stage(adv.fraction, p.replicas) * len(stages)
-        protect_ends = len(stages) == p.stages - 2 and p.stages > 2
-        try:
-            prob = prob_stage_compromised(p.stages, p.replicas, f, exact=p.stages * p.replicas <= 4096, protect_ends=protect_ends)
-        except ValueError:
-            return out
-        if prob > 0.01:
-            out.append(
-                f"adversary.fraction: {f} malicious workers assigned uniformly at random over the mesh (not per stage, "
-                f"as here) would break some stage's honest majority with probability {prob:.3f} (Lemma 1, "
-                "proofs/honest_majority.md); results here assume the per-stage placement"
-            )
-    return out

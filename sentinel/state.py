@@ -32,6 +32,7 @@ import torch
 
 from sentinel.errors import SentinelError
 from sentinel.eventlog import EventLog
+from sentinel.registry import REGISTRIES
 
 KIND = "__kind__"
 KEEP = {KIND: "keep"}
@@ -52,8 +53,6 @@ def allowed_class(qualified: str) -> bool:
     module = qualified.split(":", 1)[0]
     if module.startswith(_ALLOWED_PREFIXES) or module in ("sentinel", "attacks"):
         return True
-    from sentinel.registry import REGISTRIES
-
     return any(module == getattr(REGISTRIES[k].get(n), "__module__", None) for k in REGISTRIES for n in REGISTRIES[k].names())
 
 

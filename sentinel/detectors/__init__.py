@@ -22,6 +22,23 @@ class NoDetector(Detector):
 
 
 from sentinel.detectors import recompute, scalar, stagewise  # noqa: E402,F401  (registers the built-ins)
+from sentinel.detectors.recompute import Duplication  # noqa: E402
+from sentinel.scenario import cross_check  # noqa: E402
+
+
+@cross_check
+def _wire_view(sc) -> list[tuple[str, str]]:
+    """A recomputing detector compares with the decoded recomputation: it needs the decoded view."""
+    if sc.detector.view == "wire" and issubclass(DETECTORS.get(sc.detector.name), Duplication):
+        return [("detector.view", f"{sc.detector.name} compares a message with its trusted recomputation, which "
+                 "is a decoded tensor: use view: decoded")]
+    return []
+
+
+@cross_check
+def _detector_params(sc) -> list[tuple[str, str]]:
+    """Rules a detector states about its own parameters (`check_config(config) -> [(key, message)]`)."""
+    return [(f"detector.{key}", msg) for key, msg in DETECTORS.get(sc.detector.name).check_config(sc.detector.config)]
 
 __all__ = ["Detector", "DetectorEnv", "Verdict", "NoDetector"]
 

@@ -72,6 +72,11 @@ class Detector:
         raise NotImplementedError
 
     @classmethod
+    def check_config(cls, config) -> list[tuple[str, str]]:
+        """Cross-parameter rules of the detector's own config: [(key, message)] (run at scenario validation)."""
+        return []
+
+    @classmethod
     def threshold_rule(cls, config) -> dict | None:
         """How the verdict depends on one threshold, for ROC curves from an open-loop run (scoring/roc.py).
 

@@ -23,6 +23,7 @@ import torch.distributed as dist
 from attacks import build_adversary
 from attacks.validation import white_box_attacks
 from sentinel.detectors import build_defence
+from sentinel.detectors.recompute import Duplication
 from sentinel.detectors.verifier import PublishedState, build_verifiers
 from sentinel.distributed.channels import StepEnd, VerifierChannel, WorkerChannel
 from sentinel.distributed.faults import FaultInjector, parse_faults
@@ -264,8 +265,6 @@ class DistProgram(StepProgram):
 
 def recomputes(sc: Scenario) -> bool:
     """Does the scenario's detector recompute messages (and so need the senders' weights on its verifiers)?"""
-    from sentinel.detectors.recompute import Duplication
-
     return issubclass(DETECTORS.get(sc.detector.name), Duplication)
 
 

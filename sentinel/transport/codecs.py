@@ -333,8 +333,6 @@ class RandomMask(Codec):
 def build_codecs(transport) -> dict[Role, Codec]:
     """One codec per role from a `TransportConfig`: `codec` for both, unless `activation_codec` /
     `gradient_codec` override it. Roles configured by the same spec share one instance."""
-    from sentinel.registry import CODECS as registry
-
     specs = {
         Role.ACTIVATION: transport.activation_codec or transport.codec,
         Role.GRADIENT: transport.gradient_codec or transport.codec,
@@ -343,7 +341,7 @@ def build_codecs(transport) -> dict[Role, Codec]:
     out = {}
     for role, sp in specs.items():
         if id(sp) not in made:
-            made[id(sp)] = registry.get(sp.name)(sp.config)
+            made[id(sp)] = CODECS.get(sp.name)(sp.config)
         out[role] = made[id(sp)]
     return out
 

@@ -15,7 +15,7 @@ from attacks.layer import AdversaryLayer
 from attacks.schedule import Schedule
 from attacks.testing import drive
 from sentinel import scenario
-from sentinel.config import to_plain
+from sentinel.config import describe_plugin, to_plain
 from sentinel.engine.workers import WorkerTable
 from sentinel.eventlog import EventLog
 from sentinel.registry import ATTACKS
@@ -141,7 +141,7 @@ def test_config_round_trip(name):
     spec = sc.adversary.attacks[0]
     rebuilt = ATTACKS.get(name)(spec.config)
     assert to_plain(rebuilt.config) == spec.params()
-    info = ATTACKS.describe(name)
+    info = describe_plugin(ATTACKS, name)
     assert info["doc"] and {p["name"] for p in info["params"]} == set(spec.params())
 
 

@@ -7,6 +7,7 @@ import types
 
 import pytest
 
+from sentinel.config import describe_plugin
 from sentinel.errors import SentinelError, UnknownPluginError
 from sentinel.registry import AGGREGATORS, Registry
 
@@ -58,7 +59,7 @@ def test_entry_point_plugins_are_loaded(monkeypatch, tmp_path):
     monkeypatch.setattr(importlib.metadata, "entry_points", lambda group: [ep] if group == "sentinel.widgets" else [])
     assert "third_party_widget" not in sys.modules
     assert reg.names() == ["fancy"]
-    info = reg.describe("fancy")
+    info = describe_plugin(reg, "fancy")
     assert info["doc"] == "A third-party widget." and info["params"][0] == {
         "name": "level",
         "type": "int",

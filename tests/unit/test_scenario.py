@@ -10,7 +10,7 @@ import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from sentinel import scenario
+from sentinel import preflight, scenario
 from sentinel.cli import main
 from sentinel.errors import ConfigError
 from tests.conftest import TINY
@@ -174,6 +174,6 @@ def test_lemma1_warning_for_random_placement():
     from pathlib import Path
 
     root = Path(__file__).resolve().parents[2] / "scenarios"
-    notes = scenario.warnings_for(scenario.load(root / "paper" / "scaling_gradient.yaml"))
+    notes = preflight.warnings_for(scenario.load(root / "paper" / "scaling_gradient.yaml"))
     assert len(notes) == 1 and "Lemma 1" in notes[0] and "probability 0.400" in notes[0]
-    assert scenario.warnings_for(scenario.load(root / "quickstart.yaml")) == []
+    assert preflight.warnings_for(scenario.load(root / "quickstart.yaml")) == []
