@@ -239,4 +239,6 @@ def roc_report(log: EventLog, rule: dict | None, target_fpr: float, mode: str, c
             )
         if len(pos) and len(neg):
             out["curves"]["rule"] = _downsample(curves(pos, neg))
+        if twin is not None and len(pos) and len(twin):  # the curve the recommendation lies on
+            out["curves"]["rule_vs_clean_twin"] = _downsample(curves(pos, twin))
     return out
