@@ -34,24 +34,53 @@ def _default_out(name: str) -> Path:
 
 def cmd_run(args: argparse.Namespace) -> int:
     from sentinel import runner, scenario
+    from sentinel.parallel import check_jobs, set_threads, thread_count
 
     sc = scenario.load(args.scenario, args.set)
     out = Path(args.out) if args.out else _default_out(sc.name)
+    check_jobs(args.jobs)
+    if args.seeds is not None:
+        return _run_seeds(args, sc, out)
     if args.backend == "dist":
         from sentinel.dist.launch import launch, options_from_cli
 
+        if args.jobs not in (None, 1):
+            raise ConfigError("--jobs: only with --backend sim (the dist backend places its own processes)")
         summary = launch(args.scenario, out, args.set, nproc=args.nproc, options=options_from_cli(args),
                          quiet=args.quiet)
     else:
         dist_only = [f for f in ("nproc", "checkpoint_every", "resume", "device") if getattr(args, f, None)]
         if dist_only:
             raise ConfigError(f"--{dist_only[0].replace('_', '-')}: only used with --backend dist")
-        summary = runner.run(sc, out, progress=None if not args.quiet else False, backend=args.backend)
+        jobs = args.jobs or 1
+        set_threads(thread_count(jobs, args.threads)[0])
+        summary = runner.run(sc, out, progress=None if not args.quiet else False, backend=args.backend, jobs=jobs)
     t = summary["training"]
     print(
         f"{sc.name}: val loss {t['initial_val_loss']:.4f} -> {t['final_val_loss']:.4f} "
         f"in {summary['cost']['wall_s']:.1f} s; results in {out}"
     )
+    return 0
+
+
+def _check_seeds(n: int | None) -> None:
+    from sentinel.sweep.plan import MAX_SEEDS
+
+    if n is not None and not 1 <= n <= MAX_SEEDS:
+        raise ConfigError(f"--seeds: {n} seeds; must be between 1 and {MAX_SEEDS} (e.g. --seeds 5)")
+
+
+def _run_seeds(args: argparse.Namespace, sc, out: Path) -> int:
+    """`sentinel run --seeds N`: the run and its twins per seed, plus the seed summary (a one-point sweep)."""
+    from sentinel import sweep
+
+    _check_seeds(args.seeds)
+    if args.backend != "sim":
+        raise ConfigError("--seeds: only with --backend sim; run the dist backend once per seed (--set seed=S)")
+    sweep.run_seeds(args.scenario, out, [*args.set, f"sweep.seeds={args.seeds}"], jobs=args.jobs,
+                    threads=args.threads, progress=not args.quiet)
+    print((out / "sweep.md").read_text().split("<details>")[0], end="")
+    print(f"{sc.name}: {args.seeds} seeds; per-seed folders, sweep.csv, sweep_summary.csv and report.md in {out}")
     return 0
 
 
@@ -104,24 +133,47 @@ def cmd_describe(args: argparse.Namespace) -> int:
 def cmd_sweep(args: argparse.Namespace) -> int:
     from sentinel import sweep
 
+    _check_seeds(args.seeds)
+    sweep.check_executor(args.executor, args.address)
     out = Path(args.out) if args.out else _default_out(Path(args.scenario).stem + "-sweep")
-    rows = sweep.run_sweep(args.scenario, out, args.set, jobs=args.jobs)
-    print((out / "sweep.md").read_text(), end="")
-    print(f"{len(rows)} grid points; table and plots in {out}")
+    overrides = [*args.set, *([f"sweep.seeds={args.seeds}"] if args.seeds is not None else [])]
+    rows = sweep.run_sweep(args.scenario, out, overrides, jobs=args.jobs, threads=args.threads,
+                           executor=args.executor, address=args.address, progress=not args.quiet)
+    print((out / "sweep.md").read_text().split("<details>")[0], end="")  # the main table; details in the file
+    print(f"{len(rows)} runs; tables (sweep.csv, sweep_summary.csv, sweep_groups.csv), report.md and plots in {out}")
     return 0
 
 
 def cmd_report(args: argparse.Namespace) -> int:
+    from sentinel.progress import Progress
     from sentinel.scoring import report
 
-    for d in args.dirs:
-        report.rebuild(Path(d))
-        print(f"rebuilt {d}/summary.json and {d}/report.md")
+    bar = Progress(len(args.dirs), "report", unit="folders", enabled=len(args.dirs) > 1)
+    try:
+        for d in args.dirs:
+            report.rebuild(Path(d))
+            bar.update(1, str(d))
+            print(f"rebuilt {d}/summary.json and {d}/report.md")
+    finally:
+        bar.close()
     if len(args.dirs) > 1:
         table = report.combined_table([Path(d) for d in args.dirs])
         print(table, end="")
         if args.out:
             Path(args.out).write_text(table)
+    if args.csv:
+        report.write_combined_csv([Path(d) for d in args.dirs], Path(args.csv))
+        print(f"combined table (one row per folder) in {args.csv}")
+    return 0
+
+
+def cmd_thresholds(args: argparse.Namespace) -> int:
+    from sentinel.scoring import thresholds
+
+    result = thresholds.recommend_across(
+        [Path(d) for d in args.dirs], target_fpr=args.target_fpr, min_recall=args.min_recall,
+        bound=args.fpr_bound, out=Path(args.out) if args.out else None)
+    print(result["markdown"], end="")
     return 0
 
 
@@ -146,6 +198,12 @@ def make_parser() -> argparse.ArgumentParser:
     r.add_argument("--resume", metavar="DIR", help="dist: resume from the checkpoints of a previous run folder")
     r.add_argument("--device", choices=["cpu", "cuda", "auto"], default=None, help="dist: compute device (cpu)")
     r.add_argument("--quiet", action="store_true", help="no progress output")
+    r.add_argument("--seeds", type=int, default=None, metavar="N",
+                   help="run for N seeds (seed..seed+N-1), each with its twins; adds a seed summary with 95%% CIs")
+    r.add_argument("--jobs", type=int, default=None, metavar="N",
+                   help="processes for the run and its twins (with --seeds: runs in parallel); default 1")
+    r.add_argument("--threads", type=int, default=None, metavar="N",
+                   help="intra-op threads per process (default: OMP_NUM_THREADS, else cores // jobs)")
     r.set_defaults(fn=cmd_run)
     v = sub.add_parser("validate", help="check a scenario file; exit 2 with located errors")
     v.add_argument("scenario")
@@ -161,12 +219,28 @@ def make_parser() -> argparse.ArgumentParser:
     sw.add_argument("scenario")
     sw.add_argument("--out", help="sweep folder (default: runs/NAME-sweep-TIMESTAMP); rerun it to resume")
     sw.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
-    sw.add_argument("--jobs", type=int, default=None, help="parallel processes, one thread each (default: one per core)")
+    sw.add_argument("--jobs", type=int, default=None, help="parallel processes (default: one per core)")
+    sw.add_argument("--seeds", type=int, default=None, metavar="N", help="every point for N seeds (sweep.seeds)")
+    sw.add_argument("--threads", type=int, default=None, metavar="N",
+                    help="intra-op threads per run (default: OMP_NUM_THREADS, else cores // jobs)")
+    sw.add_argument("--executor", choices=["local", "ray"], default="local",
+                    help="local processes, or Ray tasks (pip install -e '.[ray]')")
+    sw.add_argument("--address", default=None, help="ray: the cluster's address (HOST:PORT; default: a local Ray)")
+    sw.add_argument("--quiet", action="store_true", help="no progress output")
     sw.set_defaults(fn=cmd_sweep)
     rp = sub.add_parser("report", help="rebuild summary and report of saved result folders; combine several")
     rp.add_argument("dirs", nargs="+")
     rp.add_argument("--out", help="write the combined table (markdown) here")
+    rp.add_argument("--csv", metavar="FILE", help="write the combined table as CSV (one row per folder) here")
     rp.set_defaults(fn=cmd_report)
+    th = sub.add_parser("thresholds", help="one detector threshold across attacks and seeds (open-loop runs, sweeps)")
+    th.add_argument("dirs", nargs="+", metavar="DIR", help="open-loop result folders, sweeps or `run --seeds` folders")
+    th.add_argument("--target-fpr", type=float, default=0.01, help="clean-message FPR to keep (default 0.01)")
+    th.add_argument("--min-recall", type=float, default=0.9, help="recall every attack must keep (default 0.9)")
+    th.add_argument("--fpr-bound", choices=["mean", "upper"], default="mean",
+                    help="meet the target with the mean clean FPR over seeds, or with its 95%% upper bound")
+    th.add_argument("--out", help="folder for thresholds.md/.csv/.json and thresholds.png (default: the first DIR)")
+    th.set_defaults(fn=cmd_thresholds)
     b = sub.add_parser("bench", help="performance benchmarks, printed as JSON ratios")
     b.add_argument("--quick", action="store_true", help="fewer repetitions (a smoke run)")
     b.set_defaults(fn=cmd_bench)

@@ -201,8 +201,14 @@ class ScoringConfig:
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class SweepConfig:
     grid: dict[str, Any] = dataclasses.field(default_factory=dict)
-    reference: dict[str, str] = dataclasses.field(default_factory=dict, metadata={
-        "help": "text shown beside each grid row in a `reference` column (e.g. a paper's reported numbers), "
+    seeds: int | tuple[int, ...] | None = spec(
+        None, help="every grid point runs for every seed: N means seed..seed+N-1, or a list of seeds "
+        "(default: the scenario's seed only); `--seeds N` on the command line")
+    reference: dict[str, Any] = dataclasses.field(default_factory=dict, metadata={
+        "help": "a grid point every row is compared with (paired by seed), e.g. {transport.codec: identity}: "
+        "grid keys and one of each key's values (the other keys follow the row)"})
+    notes: dict[str, str] = dataclasses.field(default_factory=dict, metadata={
+        "help": "text shown beside each grid row in a `notes` column (e.g. a paper's reported numbers), "
         "keyed by the row's label (its grid values, an attack list as name/role)"})
 
 
@@ -333,6 +339,14 @@ def _dp_aggregator_domain(sc: Scenario) -> list[tuple[str, str]]:
                  "stage and attacks the DP sync: choose another aggregator, raise pipeline.replicas or lower "
                  "adversary.fraction")]
     return []
+
+
+@cross_check
+def _sweep(sc: Scenario) -> list[tuple[str, str]]:
+    """Seeds in range, a reference that names a grid point (rules in sentinel/sweep/plan.py)."""
+    from sentinel.sweep.plan import check_sweep
+
+    return check_sweep(sc)
 
 
 @cross_check

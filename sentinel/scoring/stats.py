@@ -69,8 +69,8 @@ def mean_ci(values: Sequence[float | None], bounds: tuple[float, float] | None =
     if n == 1:
         return Estimate(mean, None, None, 1, missing)
     sd = float(vals.std(ddof=1))
-    if sd == 0.0:  # every seed gave the same value: the t interval collapses to the mean
-        low = high = mean
+    if vals.min() == vals.max():  # every seed gave the same value: the t interval collapses to it
+        mean = low = high = float(vals[0])
     else:
         low, high = (float(x) for x in sps.t.interval(LEVEL, n - 1, loc=mean, scale=sd / math.sqrt(n)))
     if bounds is not None:

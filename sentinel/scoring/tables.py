@@ -95,7 +95,7 @@ def _path(*keys: str) -> Callable[[dict], Any]:
 
 RATE = (0.0, 1.0)
 HEADLINE: list[Metric] = [
-    Metric("final_val_loss", _path("training", "final_val_loss"), "final val loss"),
+    Metric("final_val_loss", _path("training", "final_val_loss"), "final val loss", ".4f"),
     Metric(
         "msg_precision", _path("detection", "messages", "precision"), "msg precision", ".3f", RATE, _msg("precision")
     ),
@@ -129,7 +129,7 @@ HEADLINE: list[Metric] = [
         (0.0, float("inf")),
         _ban,
     ),
-    Metric("clean_val_loss", _path("impact", "clean_val_loss"), "clean val loss", ".4g", None, _twin("clean")),
+    Metric("clean_val_loss", _path("impact", "clean_val_loss"), "clean val loss", ".4f", None, _twin("clean")),
     Metric(
         "undefended_val_loss",
         _path("impact", "undefended_val_loss"),
