@@ -240,7 +240,7 @@ def markdown(
     """sweep.md: the main table (one row per point), per attack / role / boundary, per worker, method."""
     lines = [
         (f"{len(points)} grid points" if keys else "One scenario")
-        + f" x {len(seeds)} seeds ({_seed_text(seeds)}). Cells: {METHOD}, shown as "
+        + f" x {len(seeds)} seed{'s' if len(seeds) > 1 else ''} ({_seed_text(seeds)}). Cells: {METHOD}, shown as "
         "`mean [low, high]`; `(k n/a)`: seeds where the value is undefined, left out of the mean.",
         "",
     ]
