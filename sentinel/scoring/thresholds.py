@@ -388,13 +388,14 @@ def _plot(path: Path, table: dict, ks: np.ndarray, result: dict) -> None:
     fpr = np.array([np.nan if e.mean is None else e.mean for e in table["fpr"]])
     fig, ax = plt.subplots(figsize=(7.5, 4.6))
     for j, (lab, r) in enumerate(sorted(table["recall"].items())):
-        ax.step(fpr, r, where="post", lw=1.2, color=f"C{j % 10}", label=lab)
+        ax.step(fpr[::-1], r[::-1], where="post", lw=1.2, color=f"C{j % 10}", label=lab)  # ascending FPR
     if result.get("chosen_k") is not None:
         i = result["chosen_index"]
         ax.axvline(fpr[i], color="k", lw=1.0, label=f"chosen {result['rule']['key']} = {result['chosen_k']:.3g}")
     ax.axvline(result["target_fpr"], color="r", ls=":", lw=0.9, label=f"target FPR {result['target_fpr']:g}")
     ax.axhline(result["min_recall"], color="grey", ls="--", lw=0.8, label=f"min recall {result['min_recall']:g}")
     ax.set_xscale("symlog", linthresh=1e-3)
+    ax.set_xlim(left=0.0)
     where = " and ".join(result["negatives_from"])
     ax.set_xlabel(f"clean FPR (mean over seeds) on the {where}; log scale", fontsize=8)
     ax.set_ylabel("recall of the attack's tampered messages")
