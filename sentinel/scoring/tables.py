@@ -24,7 +24,9 @@ def _get(d: Any, path: tuple[str, ...]) -> Any:
 def why_undefined(metric: str, counts: dict | None) -> str:
     """The reason a confusion-derived ratio is null, from its counts (tp, fp, fn, tn)."""
     c = counts or {}
-    tp, fn = (c.get(k, 0) or 0 for k in ("tp", "fn"))
+    tp, fp, fn, tn = (c.get(k, 0) or 0 for k in ("tp", "fp", "fn", "tn"))
+    if tp + fp + fn + tn == 0:
+        return "n/a: no verdicts (no detector)"
     if metric == "precision":
         return "n/a: nothing flagged"
     if metric == "recall":
@@ -43,10 +45,10 @@ def _msg(metric: str) -> Callable[[dict], str]:
 def _worker(metric: str) -> Callable[[dict], str]:
     def reason(s: dict) -> str:
         w = _get(s, ("detection", "workers")) or {}
-        if metric in ("precision", "f1") and not w.get("banned"):
-            return "n/a: no worker banned"
-        if metric in ("recall", "f1"):
+        if metric == "recall" or (metric == "f1" and w.get("recall") is None):
             return "n/a: no malicious worker"
+        if metric in ("precision", "f1"):
+            return "n/a: no worker banned"
         return "n/a"
 
     return reason

@@ -29,7 +29,7 @@ from typing import Any
 from sentinel.errors import ConfigError
 from sentinel.sweep.plan import RunTask
 
-INSTALL = 'pip install -e ".[ray]"  (or: pip install "ray[default]")'
+INSTALL = 'pip install -e ".[ray]"  (or: pip install ray)'
 CONNECT_TIMEOUT_S = 5.0
 
 

@@ -80,7 +80,8 @@ def test_undefined_values_say_why_and_zero_stays_a_figure():
     assert h["msg_precision"] is None and why["msg_precision"] == "n/a: nothing flagged"
     assert why["msg_f1"] == "n/a: nothing flagged" and why["steps_to_ban"] == "n/a: no attacker banned"
     assert why["clean_fpr"] == "n/a: no clean twin" and why["worker_f1"] == "n/a: no worker banned"
-    assert why_undefined("f1", {"tp": 0, "fn": 0}) == "n/a: no tampered message"
+    assert why_undefined("f1", {"tp": 0, "fn": 0, "tn": 5}) == "n/a: no tampered message"
+    assert why_undefined("fpr", {}) == "n/a: no verdicts (no detector)"
     text = "\n".join(group_tables(s))
     assert "| bias | n/a: nothing flagged | 0.000 | n/a: nothing flagged | 0.0000 | n/a: none banned |" in text
     assert "| s1r0 | yes | bias | 3 of 9 | 0 | 4 | never | never |" in text
