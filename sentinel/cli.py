@@ -180,7 +180,9 @@ def cmd_thresholds(args: argparse.Namespace) -> int:
 def cmd_bench(args: argparse.Namespace) -> int:
     from sentinel import bench
 
-    print(json.dumps(bench.run_all(quick=args.quick), indent=2))
+    if args.threads is not None and args.threads < 1:
+        raise ConfigError(f"--threads: {args.threads}; must be >= 1 (e.g. --threads 1)")
+    print(json.dumps(bench.run_all(quick=args.quick, threads=args.threads or 1), indent=2))
     return 0
 
 
@@ -243,6 +245,8 @@ def make_parser() -> argparse.ArgumentParser:
     th.set_defaults(fn=cmd_thresholds)
     b = sub.add_parser("bench", help="performance benchmarks, printed as JSON ratios")
     b.add_argument("--quick", action="store_true", help="fewer repetitions (a smoke run)")
+    b.add_argument("--threads", type=int, default=None, metavar="N",
+                   help="intra-op threads every timed configuration is pinned to (default 1)")
     b.set_defaults(fn=cmd_bench)
     return p
 
