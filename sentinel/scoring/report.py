@@ -16,7 +16,17 @@ from sentinel.eventlog import EventLog
 from sentinel.scoring import plots
 from sentinel.scoring.metrics import STEP_COLUMNS, impact_metrics, step_rows
 from sentinel.scoring.summary import build_summary, confirmation_metrics
-from sentinel.scoring.tables import HEADLINE, fmt, group_tables, headline, md_table, reasons, why_undefined
+from sentinel.scoring.tables import (
+    HEADLINE,
+    fmt,
+    group_cells,
+    group_rows,
+    group_tables,
+    headline,
+    md_table,
+    reasons,
+    why_undefined,
+)
 
 TWINS = ("clean", "undefended")
 
@@ -287,7 +297,14 @@ def combined_rows(dirs: list[Path]) -> list[dict]:
     for d in dirs:
         s = json.loads((Path(d) / "summary.json").read_text())
         rows.append(
-            {"run": str(d), "scenario": s.get("scenario"), "seed": s.get("seed"), **headline(s), "_why": reasons(s)}
+            {
+                "run": str(d),
+                "scenario": s.get("scenario"),
+                "seed": s.get("seed"),
+                **headline(s),
+                "_why": reasons(s),
+                "_groups": group_rows(s),
+            }
         )
     return rows
 
@@ -297,7 +314,27 @@ def combined_table(dirs: list[Path]) -> str:
     rows = combined_rows(dirs)
     labels = {m.name: m for m in HEADLINE}
     body = [[r["run"], *(fmt(r[c], labels[c].fmt, r["_why"].get(c, "n/a")) for c in COMBINED)] for r in rows]
-    return "\n".join(md_table(["run", *(labels[c].label for c in COMBINED)], body)) + "\n"
+    lines = md_table(["run", *(labels[c].label for c in COMBINED)], body)
+    attacks = [(r["run"], g) for r in rows for g in r["_groups"] if g["group"] == "attack"]
+    if attacks:
+        lines += [
+            "",
+            *md_table(
+                [
+                    "run",
+                    "attack",
+                    "precision",
+                    "recall",
+                    "F1",
+                    "FPR",
+                    "median steps to ban",
+                    "max steps to ban",
+                    "attackers banned",
+                ],
+                [[run, *group_cells(g)] for run, g in attacks],
+            ),
+        ]
+    return "\n".join(lines) + "\n"
 
 
 def write_combined_csv(dirs: list[Path], path: Path) -> None:
@@ -310,3 +347,9 @@ def write_combined_csv(dirs: list[Path], path: Path) -> None:
         w = csv.DictWriter(f, fieldnames=cols, extrasaction="ignore")
         w.writeheader()
         w.writerows(rows)
+    groups = [{"run": r["run"], "seed": r["seed"], **g} for r in rows for g in r["_groups"]]
+    if groups:  # per attack / role / boundary, beside it: FILE_groups.csv
+        with open(path.with_name(f"{path.stem}_groups{path.suffix or '.csv'}"), "w", newline="") as f:
+            w = csv.DictWriter(f, fieldnames=list(groups[0]))
+            w.writeheader()
+            w.writerows(groups)

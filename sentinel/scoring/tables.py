@@ -278,3 +278,39 @@ def worker_table(rows: list[dict], only_notable: bool = True) -> list[str]:
     if quiet:
         out += [f"{quiet} other honest workers were never flagged or banned.", ""]
     return out
+
+
+def group_rows(s: dict) -> list[dict]:
+    """Per attack / role / boundary rows of one run (the message confusion beside the steps to ban)."""
+    d = s.get("detection") or {}
+    m, w = d.get("messages") or {}, d.get("workers") or {}
+    rows = []
+    for kind in ("attack", "role", "boundary"):
+        bans = w.get(f"per_{kind}") or {}
+        for name, c in (m.get(f"per_{kind}") or {}).items():
+            b = bans.get(name, bans.get(str(name))) or {}
+            rows.append(
+                {
+                    "group": kind,
+                    "name": str(name),
+                    **{k: c.get(k) for k in ("precision", "recall", "f1", "fpr")},
+                    "median_steps_to_ban": b.get("median_steps_to_ban"),
+                    "max_steps_to_ban": b.get("max_steps_to_ban"),
+                    "tampered": (c.get("tp") or 0) + (c.get("fn") or 0),
+                    "banned_workers": b.get("banned_workers", 0),
+                    "attacking_workers": b.get("attacking_workers", 0),
+                    **{k: c.get(k, 0) for k in ("tp", "fp", "fn", "tn")},
+                }
+            )
+    return rows
+
+
+def group_cells(g: dict) -> list[str]:
+    """Table cells of one `group_rows` row: the name, precision ... FPR, steps to ban, attackers banned."""
+    return [
+        g["name"],
+        *_confusion_cells(g),
+        *_ban_cells(
+            {k: g[k] for k in ("median_steps_to_ban", "max_steps_to_ban", "banned_workers", "attacking_workers")}
+        ),
+    ]

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from sentinel.scoring.stats import METHOD, Estimate, mean_ci, paired_ci
-from sentinel.scoring.tables import BY_NAME, HEADLINE, fmt, headline, md_table, reasons, worker_table
+from sentinel.scoring.tables import BY_NAME, HEADLINE, fmt, group_rows, headline, md_table, reasons, worker_table
 
 # what sweep.md shows per point (sweep_summary.csv has every HEADLINE metric)
 MAIN = [
@@ -64,30 +64,6 @@ def load_runs(tasks: list, labels: list[dict]) -> list[dict]:
 
 def _get_workers(s: dict) -> list[dict]:
     return ((s.get("detection") or {}).get("workers") or {}).get("per_worker") or []
-
-
-def group_rows(s: dict) -> list[dict]:
-    """Per attack / role / boundary rows of one run (the message confusion beside the steps to ban)."""
-    d = s.get("detection") or {}
-    m, w = d.get("messages") or {}, d.get("workers") or {}
-    rows = []
-    for kind in ("attack", "role", "boundary"):
-        bans = w.get(f"per_{kind}") or {}
-        for name, c in (m.get(f"per_{kind}") or {}).items():
-            b = bans.get(name, bans.get(str(name))) or {}
-            rows.append(
-                {
-                    "group": kind,
-                    "name": str(name),
-                    **{k: c.get(k) for k in ("precision", "recall", "f1", "fpr")},
-                    "median_steps_to_ban": b.get("median_steps_to_ban"),
-                    "max_steps_to_ban": b.get("max_steps_to_ban"),
-                    "tampered": (c.get("tp") or 0) + (c.get("fn") or 0),
-                    "banned_workers": b.get("banned_workers", 0),
-                    "attacking_workers": b.get("attacking_workers", 0),
-                }
-            )
-    return rows
 
 
 # -- aggregation over seeds ------------------------------------------------------------------------------------
@@ -217,7 +193,18 @@ def write_csvs(out_dir: Path, keys: list[str], runs: list[dict], points: list[di
                     )
             w.writerow(row)
     with open(out_dir / "sweep_groups.csv", "w", newline="") as f:
-        fields = ["group", "name", *GROUP_FIELDS, "tampered", "banned_workers", "attacking_workers"]
+        fields = [
+            "group",
+            "name",
+            *GROUP_FIELDS,
+            "tampered",
+            "banned_workers",
+            "attacking_workers",
+            "tp",
+            "fp",
+            "fn",
+            "tn",
+        ]
         w = csv.DictWriter(f, fieldnames=[*keys, "seed", *fields])
         w.writeheader()
         for r in sorted(runs, key=lambda r: (r["point"], r["seed"])):
