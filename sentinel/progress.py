@@ -147,10 +147,12 @@ class Progress:
 
 
 class JobProgress:
-    """The engine's `on_step(step, loss, val)` for one training, counted in a shared progress."""
+    """The engine's `on_step(step, loss, val)` for one training, counted in a shared progress.
 
-    def __init__(self, sink: Any, label: str, steps: int):
-        self.sink, self.label, self.steps = sink, label, steps
+    `owned`: the training created that progress for itself, so closing the job closes it."""
+
+    def __init__(self, sink: Any, label: str, steps: int, owned: bool = False):
+        self.sink, self.label, self.steps, self.owned = sink, label, steps, owned
         self.last_val: float | None = None
 
     def __call__(self, step: int, loss: float, val: float | None) -> None:
@@ -160,7 +162,8 @@ class JobProgress:
         self.sink.update(1, f"{self.label}: step {step}/{self.steps}, loss {loss:.3f}{val_txt}")
 
     def close(self) -> None:
-        """Nothing to release: the shared progress is closed by its owner."""
+        if self.owned:
+            self.sink.close()
 
 
 class QueueProgress:

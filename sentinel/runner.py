@@ -28,7 +28,7 @@ import yaml
 from sentinel.engine.sim import SimEngine
 from sentinel.errors import RunError
 from sentinel.eventlog import EventLog
-from sentinel.progress import Progress
+from sentinel.progress import JobProgress, Progress
 from sentinel.scenario import Scenario
 from sentinel.scoring.metrics import impact_metrics
 from sentinel.scoring.report import finish
@@ -76,10 +76,7 @@ def _Progress(total: int, label: str, progress):
     """
     if hasattr(progress, "job"):
         return progress.job(label, total)
-    own = Progress(total, label, enabled=progress is not False)
-    job = own.job(label, total)
-    job.close = own.close  # this training owns the progress: closing the job closes it
-    return job
+    return JobProgress(Progress(total, label, enabled=progress is not False), label, total, owned=True)
 
 
 def _planned_steps(scenario: Scenario) -> int:
