@@ -83,9 +83,19 @@ class TaskPool:
     `progress` through a managed queue. `fn` must be a module-level function (it is pickled).
     """
 
-    def __init__(self, fn: Callable[[Any, Any], Any], tasks: Sequence[Any], jobs: int, progress: Any, threads: int):
+    def __init__(
+        self,
+        fn: Callable[[Any, Any], Any],
+        tasks: Sequence[Any],
+        jobs: int,
+        progress: Any,
+        threads: int,
+        inline: bool | None = None,
+    ):
         self.fn, self.tasks, self.jobs, self.progress, self.threads = fn, list(tasks), jobs, progress, threads
-        self.inline = jobs <= 1 or len(self.tasks) <= 1
+        # inline: in this process, one task after the other (default for one job); False: in processes even
+        # for one job (a run's twins beside the run itself)
+        self.inline = (jobs <= 1 or len(self.tasks) <= 1) if inline is None else inline
         self._exit = contextlib.ExitStack()
         self.futures: dict = {}
 

@@ -165,7 +165,7 @@ def run_twins(scenario: Scenario, out_dir: Path, trainer, progress, cache: Path 
     tasks = [(twin_scenario(scenario, k).to_dict(), str(out_dir / f"twin_{k}"), k, str(cache) if cache else None)
              for k in kinds]
     failures = []
-    with TaskPool(_twin_task, tasks, jobs - 1, progress, thread_count(jobs)[0]) as pool:
+    with TaskPool(_twin_task, tasks, jobs - 1, progress, thread_count(jobs)[0], inline=False) as pool:
         result = main()
         for task, _, error in pool.results():
             if error is not None:

@@ -105,3 +105,22 @@ def test_bad_seeds_and_references_exit_2_located_before_anything_runs(tmp_path, 
     err = capsys.readouterr().err
     assert message in err and "Traceback" not in err
     assert not (tmp_path / "o" / "points").exists()
+
+
+def test_with_jobs_2_the_twins_train_in_another_process_beside_the_run(tmp_path, monkeypatch):
+    import os
+    from pathlib import Path
+
+    from sentinel import runner, scenario
+
+    real, pids = runner.run_twin, tmp_path / "pids"
+
+    def spy(*args, **kwargs):
+        with open(pids, "a") as f:  # written from whichever process trains the twin
+            f.write(f"{os.getpid()}\n")
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(runner, "run_twin", spy)
+    sc = scenario.validate(dict(SHORT, scoring={"twins": ["clean"]}))
+    runner.run(sc, Path(tmp_path / "out"), progress=False, jobs=2)
+    assert pids.read_text().split() != [str(os.getpid())] and len(pids.read_text().split()) == 1
