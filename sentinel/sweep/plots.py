@@ -37,7 +37,7 @@ def _mean(e: Estimate) -> float:
 
 def plot_sweep(out_dir: Path, points: list[dict], keys: list[str], seeds: int) -> list[str]:
     """Write sweep_<metric>.png (numeric grid key) or sweep_detection.png / sweep_loss.png; return the names."""
-    if not points or not keys:
+    if not points:
         return []
     numeric = [
         k
@@ -83,7 +83,7 @@ def plot_sweep(out_dir: Path, points: list[dict], keys: list[str], seeds: int) -
 def plot_categorical(out_dir: Path, points: list[dict], keys: list[str], note: str) -> list[str]:
     """Grouped bars with error bars: detection rates, and final losses of the clean twin, defended, undefended."""
     plt = _plt()
-    labels = [" ".join(str(p["labels"][k]) for k in keys) for p in points]
+    labels = [" ".join(str(p["labels"][k]) for k in keys) or "all seeds" for p in points]
     x = np.arange(len(points))
     panels = (
         (
@@ -116,7 +116,7 @@ def plot_categorical(out_dir: Path, points: list[dict], keys: list[str], note: s
             ax.set_ylim(bottom=0.9 * low)  # losses differ by tenths: start the axis near them
         ax.set_xticks(x, labels, rotation=60, ha="right", fontsize=7)
         ax.set_ylabel(ylabel)
-        ax.set_title(f"{title} per {', '.join(keys)} ({note})", fontsize=9)
+        ax.set_title(f"{title}{' per ' + ', '.join(keys) if keys else ''} ({note})", fontsize=9)
         ax.grid(alpha=0.3, axis="y")
         ax.legend(fontsize=7)
         fig.tight_layout()
