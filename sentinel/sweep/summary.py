@@ -302,7 +302,10 @@ def group_markdown(keys: list[str], runs: list[dict], seeds: list[int]) -> list[
                 continue
             cells = []
             for field, spec in specs.items():
-                e = mean_ci([by_seed[s][field] for s in seeds if s in by_seed], (0.0, 1.0) if spec != ".3g" else None)
+                e = mean_ci(
+                    [by_seed[s][field] for s in seeds if s in by_seed],
+                    (0.0, 1.0) if spec != ".3g" else (0.0, float("inf")),
+                )
                 cells.append(cell(e, spec, _group_reason(field, by_seed)))
             banned = sum(g["banned_workers"] for g in by_seed.values())
             attacking = sum(g["attacking_workers"] for g in by_seed.values())
