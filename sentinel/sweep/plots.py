@@ -98,6 +98,12 @@ def plot_categorical(out_dir: Path, points: list[dict], keys: list[str], note: s
             "cross-entropy (nats / token)",
             (("clean_val_loss", "clean twin"), ("final_val_loss", "defended"), ("undefended_val_loss", "undefended")),
         ),
+        (  # paired by seed: the seeds' common spread (visible in sweep_loss.png) cancels
+            "sweep_damage.png",
+            "damage: final validation loss minus the clean twin's, paired by seed",
+            "loss - clean twin's (nats / token)",
+            (("damage_defended", "defended - clean"), ("damage_undefended", "undefended - clean")),
+        ),
     )
     names = []
     for fname, title, ylabel, series in panels:
@@ -112,6 +118,9 @@ def plot_categorical(out_dir: Path, points: list[dict], keys: list[str], note: s
             vals = [_mean(e) for e in ests]
             low = min(low, np.nanmin([e.low if e.low is not None else _mean(e) for e in ests]))
             ax.bar(x + (i - (len(series) - 1) / 2) * width, vals, width, yerr=_yerr(ests), capsize=2, label=lab)
+        if fname == "sweep_damage.png":  # damages span 0.001 to 1: linear near 0, logarithmic beyond 0.01
+            ax.set_yscale("symlog", linthresh=0.01)
+            ax.axhline(0.0, color="k", lw=0.6)
         if fname == "sweep_loss.png" and np.isfinite(low):
             ax.set_ylim(bottom=0.9 * low)  # losses differ by tenths: start the axis near them
         ax.set_xticks(x, labels, rotation=60, ha="right", fontsize=7)
