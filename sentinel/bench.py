@@ -86,9 +86,13 @@ def _tick(note: str) -> None:
         PROGRESS.update(1, note)
 
 
-def alternate(factories: dict[str, Callable[[], object]], reps: int, steps: int,
-              after: Callable[[str, object, float], None] | None = None,
-              cpu: dict[str, list[float]] | None = None) -> dict[str, float]:
+def alternate(
+    factories: dict[str, Callable[[], object]],
+    reps: int,
+    steps: int,
+    after: Callable[[str, object, float], None] | None = None,
+    cpu: dict[str, list[float]] | None = None,
+) -> dict[str, float]:
     """Median seconds per step of each trainer, timed in alternation to share the machine's noise.
 
     Every configuration runs with `THREADS` intra-op threads (pinned before each timing, so no
@@ -142,7 +146,9 @@ def scale_cost_ratio(quick: bool) -> dict:
     big = load_bench("scale", "pipeline.replicas=11")
     cpu: dict[str, list[float]] = {}
     t = alternate(
-        {"16": lambda: SimEngine(small), "176": lambda: SimEngine(big)}, reps=1 if quick else 3, steps=2 if quick else 4,
+        {"16": lambda: SimEngine(small), "176": lambda: SimEngine(big)},
+        reps=1 if quick else 3,
+        steps=2 if quick else 4,
         cpu=cpu,
     )
     return {
@@ -196,8 +202,13 @@ def detector_overhead(quick: bool) -> dict:
 
     load_before = os.getloadavg()[0]
     cpu: dict[str, list[float]] = {}
-    t = alternate({k: (lambda sc=sc: build_engine(sc)) for k, sc in configs.items()}, reps=reps, steps=steps,
-                  after=record, cpu=cpu)
+    t = alternate(
+        {k: (lambda sc=sc: build_engine(sc)) for k, sc in configs.items()},
+        reps=reps,
+        steps=steps,
+        after=record,
+        cpu=cpu,
+    )
     return {
         "detector_overhead": paired("sentinel"),
         "detector_overhead_cpu": _cpu_ratio(cpu, "sentinel", "none"),
@@ -231,8 +242,16 @@ def dist_vs_sim(quick: bool) -> dict:
     sc = load_bench("engine", *overrides)
     sim_s = alternate({"sim": lambda: SimEngine(sc)}, reps=1 if quick else 2, steps=steps - 1)["sim"]
     with tempfile.TemporaryDirectory() as tmp:
-        launch(str(SCENARIOS / "engine.yaml"), Path(tmp), overrides, nproc=4, options=Options(timeout_s=300),
-               quiet=True, timeout_s=900, output=Path(tmp) / "dist.log")
+        launch(
+            str(SCENARIOS / "engine.yaml"),
+            Path(tmp),
+            overrides,
+            nproc=4,
+            options=Options(timeout_s=300),
+            quiet=True,
+            timeout_s=900,
+            output=Path(tmp) / "dist.log",
+        )
         _tick("dist run")
         timing = json.loads((Path(tmp) / "dist_timing.json").read_text())
         summary = json.loads((Path(tmp) / "summary.json").read_text())
@@ -279,13 +298,21 @@ def sweep_parallel_speedup(quick: bool) -> dict:
         _tick(f"sweep --jobs {jobs}")
     return {
         "sweep_parallel_speedup": wall[1] / wall[2],
-        "sweep_parallel_detail": {"jobs1_s": wall[1], "jobs2_s": wall[2], "cores": cpu_count(),
-                                  "threads_per_run": THREADS, "points": len(load_bench("sweep").sweep.grid["detector.k"])},
+        "sweep_parallel_detail": {
+            "jobs1_s": wall[1],
+            "jobs2_s": wall[2],
+            "cores": cpu_count(),
+            "threads_per_run": THREADS,
+            "points": len(load_bench("sweep").sweep.grid["detector.k"]),
+        },
     }
 
 
 UNITS = {  # timed configurations per benchmark (quick, full): the progress bar's units
-    "engine_overhead": (4, 10), "scale_cost_ratio": (2, 6), "detector_overhead": (6, 21), "dist_vs_sim": (2, 3),
+    "engine_overhead": (4, 10),
+    "scale_cost_ratio": (2, 6),
+    "detector_overhead": (6, 21),
+    "dist_vs_sim": (2, 3),
     "sweep_parallel_speedup": (2, 2),
 }
 
@@ -300,8 +327,9 @@ def run_all(quick: bool = False, threads: int = 1) -> dict:
     THREADS = threads
     cores = cpu_count()
     out: dict = {"quick": quick, "torch_threads": threads, "cores": cores, "load_avg_1min": {}, "flags": {}}
-    PROGRESS = Progress(sum(UNITS.get(fn.__name__, (1, 1))[0 if quick else 1] for fn in BENCHMARKS), "bench",
-                        unit="timings")
+    PROGRESS = Progress(
+        sum(UNITS.get(fn.__name__, (1, 1))[0 if quick else 1] for fn in BENCHMARKS), "bench", unit="timings"
+    )
     try:
         for fn in BENCHMARKS:
             before = os.getloadavg()[0]
@@ -313,8 +341,10 @@ def run_all(quick: bool = False, threads: int = 1) -> dict:
             if max(before, after) > cores:
                 for key, value in figures.items():
                     if isinstance(value, (int, float)):
-                        out["flags"][key] = (f"taken at a load average of {max(before, after):.1f} > {cores} cores: "
-                                             "other processes shared the cores; rerun on an idle machine")
+                        out["flags"][key] = (
+                            f"taken at a load average of {max(before, after):.1f} > {cores} cores: "
+                            "other processes shared the cores; rerun on an idle machine"
+                        )
             out.update(figures)
     finally:
         PROGRESS.close()

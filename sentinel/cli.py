@@ -46,8 +46,9 @@ def cmd_run(args: argparse.Namespace) -> int:
 
         if args.jobs not in (None, 1):
             raise ConfigError("--jobs: only with --backend sim (the dist backend places its own processes)")
-        summary = launch(args.scenario, out, args.set, nproc=args.nproc, options=options_from_cli(args),
-                         quiet=args.quiet)
+        summary = launch(
+            args.scenario, out, args.set, nproc=args.nproc, options=options_from_cli(args), quiet=args.quiet
+        )
     else:
         dist_only = [f for f in ("nproc", "checkpoint_every", "resume", "device") if getattr(args, f, None)]
         if dist_only:
@@ -77,8 +78,14 @@ def _run_seeds(args: argparse.Namespace, sc, out: Path) -> int:
     _check_seeds(args.seeds)
     if args.backend != "sim":
         raise ConfigError("--seeds: only with --backend sim; run the dist backend once per seed (--set seed=S)")
-    sweep.run_seeds(args.scenario, out, [*args.set, f"sweep.seeds={args.seeds}"], jobs=args.jobs,
-                    threads=args.threads, progress=not args.quiet)
+    sweep.run_seeds(
+        args.scenario,
+        out,
+        [*args.set, f"sweep.seeds={args.seeds}"],
+        jobs=args.jobs,
+        threads=args.threads,
+        progress=not args.quiet,
+    )
     print((out / "sweep.md").read_text().split("<details>")[0], end="")
     print(f"{sc.name}: {args.seeds} seeds; per-seed folders, sweep.csv, sweep_summary.csv and report.md in {out}")
     return 0
@@ -137,8 +144,16 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     sweep.check_executor(args.executor, args.address)
     out = Path(args.out) if args.out else _default_out(Path(args.scenario).stem + "-sweep")
     overrides = [*args.set, *([f"sweep.seeds={args.seeds}"] if args.seeds is not None else [])]
-    rows = sweep.run_sweep(args.scenario, out, overrides, jobs=args.jobs, threads=args.threads,
-                           executor=args.executor, address=args.address, progress=not args.quiet)
+    rows = sweep.run_sweep(
+        args.scenario,
+        out,
+        overrides,
+        jobs=args.jobs,
+        threads=args.threads,
+        executor=args.executor,
+        address=args.address,
+        progress=not args.quiet,
+    )
     print((out / "sweep.md").read_text().split("<details>")[0], end="")  # the main table; details in the file
     print(f"{len(rows)} runs; tables (sweep.csv, sweep_summary.csv, sweep_groups.csv), report.md and plots in {out}")
     return 0
@@ -171,8 +186,12 @@ def cmd_thresholds(args: argparse.Namespace) -> int:
     from sentinel.scoring import thresholds
 
     result = thresholds.recommend_across(
-        [Path(d) for d in args.dirs], target_fpr=args.target_fpr, min_recall=args.min_recall,
-        bound=args.fpr_bound, out=Path(args.out) if args.out else None)
+        [Path(d) for d in args.dirs],
+        target_fpr=args.target_fpr,
+        min_recall=args.min_recall,
+        bound=args.fpr_bound,
+        out=Path(args.out) if args.out else None,
+    )
     print(result["markdown"], end="")
     return 0
 
@@ -200,12 +219,27 @@ def make_parser() -> argparse.ArgumentParser:
     r.add_argument("--resume", metavar="DIR", help="dist: resume from the checkpoints of a previous run folder")
     r.add_argument("--device", choices=["cpu", "cuda", "auto"], default=None, help="dist: compute device (cpu)")
     r.add_argument("--quiet", action="store_true", help="no progress output")
-    r.add_argument("--seeds", type=int, default=None, metavar="N",
-                   help="run for N seeds (seed..seed+N-1), each with its twins; adds a seed summary with 95%% CIs")
-    r.add_argument("--jobs", type=int, default=None, metavar="N",
-                   help="processes for the run and its twins (with --seeds: runs in parallel); default 1")
-    r.add_argument("--threads", type=int, default=None, metavar="N",
-                   help="intra-op threads per process (default: OMP_NUM_THREADS, else cores // jobs)")
+    r.add_argument(
+        "--seeds",
+        type=int,
+        default=None,
+        metavar="N",
+        help="run for N seeds (seed..seed+N-1), each with its twins; adds a seed summary with 95%% CIs",
+    )
+    r.add_argument(
+        "--jobs",
+        type=int,
+        default=None,
+        metavar="N",
+        help="processes for the run and its twins (with --seeds: runs in parallel); default 1",
+    )
+    r.add_argument(
+        "--threads",
+        type=int,
+        default=None,
+        metavar="N",
+        help="intra-op threads per process (default: OMP_NUM_THREADS, else cores // jobs)",
+    )
     r.set_defaults(fn=cmd_run)
     v = sub.add_parser("validate", help="check a scenario file; exit 2 with located errors")
     v.add_argument("scenario")
@@ -223,10 +257,19 @@ def make_parser() -> argparse.ArgumentParser:
     sw.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
     sw.add_argument("--jobs", type=int, default=None, help="parallel processes (default: one per core)")
     sw.add_argument("--seeds", type=int, default=None, metavar="N", help="every point for N seeds (sweep.seeds)")
-    sw.add_argument("--threads", type=int, default=None, metavar="N",
-                    help="intra-op threads per run (default: OMP_NUM_THREADS, else cores // jobs)")
-    sw.add_argument("--executor", choices=["local", "ray"], default="local",
-                    help="local processes, or Ray tasks (pip install -e '.[ray]')")
+    sw.add_argument(
+        "--threads",
+        type=int,
+        default=None,
+        metavar="N",
+        help="intra-op threads per run (default: OMP_NUM_THREADS, else cores // jobs)",
+    )
+    sw.add_argument(
+        "--executor",
+        choices=["local", "ray"],
+        default="local",
+        help="local processes, or Ray tasks (pip install -e '.[ray]')",
+    )
     sw.add_argument("--address", default=None, help="ray: the cluster's address (HOST:PORT; default: a local Ray)")
     sw.add_argument("--quiet", action="store_true", help="no progress output")
     sw.set_defaults(fn=cmd_sweep)
@@ -239,14 +282,23 @@ def make_parser() -> argparse.ArgumentParser:
     th.add_argument("dirs", nargs="+", metavar="DIR", help="open-loop result folders, sweeps or `run --seeds` folders")
     th.add_argument("--target-fpr", type=float, default=0.01, help="clean-message FPR to keep (default 0.01)")
     th.add_argument("--min-recall", type=float, default=0.9, help="recall every attack must keep (default 0.9)")
-    th.add_argument("--fpr-bound", choices=["mean", "upper"], default="mean",
-                    help="meet the target with the mean clean FPR over seeds, or with its 95%% upper bound")
+    th.add_argument(
+        "--fpr-bound",
+        choices=["mean", "upper"],
+        default="mean",
+        help="meet the target with the mean clean FPR over seeds, or with its 95%% upper bound",
+    )
     th.add_argument("--out", help="folder for thresholds.md/.csv/.json and thresholds.png (default: the first DIR)")
     th.set_defaults(fn=cmd_thresholds)
     b = sub.add_parser("bench", help="performance benchmarks, printed as JSON ratios")
     b.add_argument("--quick", action="store_true", help="fewer repetitions (a smoke run)")
-    b.add_argument("--threads", type=int, default=None, metavar="N",
-                   help="intra-op threads every timed configuration is pinned to (default 1)")
+    b.add_argument(
+        "--threads",
+        type=int,
+        default=None,
+        metavar="N",
+        help="intra-op threads every timed configuration is pinned to (default 1)",
+    )
     b.set_defaults(fn=cmd_bench)
     return p
 

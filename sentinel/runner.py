@@ -151,19 +151,23 @@ def _twin_task(task: tuple, sink) -> str:
     return out_dir
 
 
-def run_twins(scenario: Scenario, out_dir: Path, trainer, progress, cache: Path | None, jobs: int,
-              main: Callable[[], Any]) -> tuple[dict[str, EventLog], Any]:
+def run_twins(
+    scenario: Scenario, out_dir: Path, trainer, progress, cache: Path | None, jobs: int, main: Callable[[], Any]
+) -> tuple[dict[str, EventLog], Any]:
     """The twins of `scenario` and `main()` (the run itself); with `jobs > 1` the twins train in
     `jobs - 1` processes of the shared pool while `main()` trains here. Returns (twin logs, main's result)."""
     from sentinel.parallel import TaskPool, thread_count
 
     kinds = list(scenario.scoring.twins)
     if jobs <= 1 or not kinds or trainer is not train:
-        twins = {k: run_twin(twin_scenario(scenario, k), out_dir / f"twin_{k}", trainer, progress, k, cache)
-                 for k in kinds}
+        twins = {
+            k: run_twin(twin_scenario(scenario, k), out_dir / f"twin_{k}", trainer, progress, k, cache) for k in kinds
+        }
         return twins, main()
-    tasks = [(twin_scenario(scenario, k).to_dict(), str(out_dir / f"twin_{k}"), k, str(cache) if cache else None)
-             for k in kinds]
+    tasks = [
+        (twin_scenario(scenario, k).to_dict(), str(out_dir / f"twin_{k}"), k, str(cache) if cache else None)
+        for k in kinds
+    ]
     failures = []
     with TaskPool(_twin_task, tasks, jobs - 1, progress, thread_count(jobs)[0], inline=False) as pool:
         result = main()
@@ -175,8 +179,15 @@ def run_twins(scenario: Scenario, out_dir: Path, trainer, progress, cache: Path 
     return {k: EventLog.load(out_dir / f"twin_{k}") for k in kinds}, result
 
 
-def run(scenario: Scenario, out_dir: Path, progress=None, backend: str = "sim", trainer=None,
-        twin_cache: Path | None = None, jobs: int = 1) -> dict:
+def run(
+    scenario: Scenario,
+    out_dir: Path,
+    progress=None,
+    backend: str = "sim",
+    trainer=None,
+    twin_cache: Path | None = None,
+    jobs: int = 1,
+) -> dict:
     """Run the scenario (and its twins) and write the result folder. Returns the summary.
 
     `trainer` replaces `train` (same signature and contract); the dist backend passes its own.
@@ -194,13 +205,21 @@ def run(scenario: Scenario, out_dir: Path, progress=None, backend: str = "sim", 
             bar.close()
 
 
-def _run(scenario: Scenario, out_dir: Path, progress, backend: str, trainer, twin_cache: Path | None,
-         jobs: int) -> dict:
+def _run(
+    scenario: Scenario, out_dir: Path, progress, backend: str, trainer, twin_cache: Path | None, jobs: int
+) -> dict:
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / "scenario.yaml").write_text(yaml.safe_dump(scenario.to_dict(), sort_keys=False))
     t0 = time.perf_counter()
-    twins, (engine, result, _) = run_twins(scenario, out_dir, trainer, progress, twin_cache, jobs,
-                                           lambda: trainer(scenario, out_dir, progress, label=scenario.name))
+    twins, (engine, result, _) = run_twins(
+        scenario,
+        out_dir,
+        trainer,
+        progress,
+        twin_cache,
+        jobs,
+        lambda: trainer(scenario, out_dir, progress, label=scenario.name),
+    )
     sc, p = scenario, scenario.pipeline
     tokens_per_step = p.microbatches * sc.data.batch_size * sc.model.seq_len
     impact = impact_metrics(engine.log, twins, engine.data.optimum_loss, tokens_per_step) if twins else None
@@ -236,8 +255,12 @@ def _run(scenario: Scenario, out_dir: Path, progress, backend: str, trainer, twi
         (out_dir / "confirm" / "scenario.yaml").write_text(yaml.safe_dump(confirm.to_dict(), sort_keys=False))
         rule = summary["detection"]["roc"]["rule"]
         summary["detection"]["roc"]["confirmation"] = confirmation_metrics(
-            c_engine.log, malicious_workers(c_engine), rule["recommended"], rule["threshold_key"],
-            rule["recommended"]["threshold"])
+            c_engine.log,
+            malicious_workers(c_engine),
+            rule["recommended"],
+            rule["threshold_key"],
+            rule["recommended"]["threshold"],
+        )
     return finish(out_dir, log, summary)
 
 
