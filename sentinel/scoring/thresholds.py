@@ -386,9 +386,10 @@ def _plot(path: Path, table: dict, ks: np.ndarray, result: dict) -> None:
     import matplotlib.pyplot as plt
 
     fpr = np.array([np.nan if e.mean is None else e.mean for e in table["fpr"]])
-    fig, ax = plt.subplots(figsize=(7.5, 4.6))
+    fig, ax = plt.subplots(figsize=(9.5, 4.6))
     for j, (lab, r) in enumerate(sorted(table["recall"].items())):
-        ax.step(fpr[::-1], r[::-1], where="post", lw=1.2, color=f"C{j % 10}", label=lab)  # ascending FPR
+        style = "--" if "/gradient" in lab else "-"  # one colour per attack, dashed for gradient roles
+        ax.step(fpr[::-1], r[::-1], where="post", lw=1.2, ls=style, color=plt.cm.tab20(j % 20), label=lab)
     if result.get("chosen_k") is not None:
         i = result["chosen_index"]
         ax.axvline(fpr[i], color="k", lw=1.0, label=f"chosen {result['rule']['key']} = {result['chosen_k']:.3g}")
@@ -405,7 +406,7 @@ def _plot(path: Path, table: dict, ks: np.ndarray, result: dict) -> None:
         fontsize=9,
     )
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=6, loc="lower right")
+    ax.legend(fontsize=6, loc="center left", bbox_to_anchor=(1.01, 0.5))  # beside the axes: curves stay visible
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
