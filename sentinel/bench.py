@@ -195,7 +195,7 @@ def detector_overhead(quick: bool) -> dict:
 
     def record(name: str, engine, s_per_step: float) -> None:
         times[name].append(s_per_step)
-        verifier_s[name].append(engine.transport.verifier_s / (steps + 1))  # the warm-up step and the timed ones
+        verifier_s[name].append(engine.verifier_s / (steps + 1))  # the warm-up step and the timed ones
 
     def paired(name: str) -> float:
         return statistics.median(a / b for a, b in zip(times[name], times["none"]))
@@ -225,7 +225,7 @@ def detector_overhead(quick: bool) -> dict:
 
 @benchmark
 def dist_vs_sim(quick: bool) -> dict:
-    """Seconds per step of `dist` on 4 processes (relay + 3 stage ranks) over `sim`, same scenario (engine.yaml, S=3).
+    """Seconds per step of `dist` on 4 processes (a verifier + 3 stage ranks) over `sim`, same scenario (engine.yaml, S=3).
 
     dist's figure is the relay's steady-state step time (first step excluded, evaluation excluded); sim's is
     `time_steps` in this process. The detail splits dist's step: time the relay spends blocked waiting
@@ -234,8 +234,8 @@ def dist_vs_sim(quick: bool) -> dict:
     import json
     import tempfile
 
-    from sentinel.dist.launch import launch
-    from sentinel.dist.runtime import Options
+    from sentinel.distributed.launch import launch
+    from sentinel.distributed.runtime import Options
 
     steps = 4 if quick else 12
     overrides = ["pipeline.stages=3", f"training.steps={steps}", f"training.eval_every={steps}"]
@@ -255,17 +255,18 @@ def dist_vs_sim(quick: bool) -> dict:
         _tick("dist run")
         timing = json.loads((Path(tmp) / "dist_timing.json").read_text())
         summary = json.loads((Path(tmp) / "summary.json").read_text())
-    ranks = timing["ranks"]
+    workers = [r for r in timing["ranks"] if r.get("role") == "worker"]
     return {
         "dist_vs_sim": timing["s_per_step"] / sim_s,
         "dist_vs_sim_detail": {
             "sim_s_per_step": sim_s,
             "dist_s_per_step": timing["s_per_step"],
             "processes": timing["world"],
+            "verifiers": timing["verifiers"],
             "backend": timing["backend"],
-            "relay_wait_s_per_step": timing["relay_wait_s"] / steps,
-            "worker_compute_s_per_step": sum(r["compute_s"] for r in ranks) / steps,
-            "worker_wait_s_per_step": sum(r["wait_s"] for r in ranks) / steps,
+            "coordinator_wait_s_per_step": timing["coordinator_wait_s"] / steps,
+            "worker_busy_s_per_step": sum(r["wall_s"] - r["wait_s"] for r in workers) / steps,
+            "worker_wait_s_per_step": sum(r["wait_s"] for r in workers) / steps,
             "messages_per_step": summary["transport"]["messages"] / steps,
             "wire_bytes_per_step": summary["transport"]["bytes_sent"] / steps,
         },

@@ -42,7 +42,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     if args.seeds is not None:
         return _run_seeds(args, sc, out)
     if args.backend == "dist":
-        from sentinel.dist.launch import launch, options_from_cli
+        from sentinel.distributed.launch import launch, options_from_cli
 
         if args.jobs not in (None, 1):
             raise ConfigError("--jobs: only with --backend sim (the dist backend places its own processes)")
@@ -50,12 +50,22 @@ def cmd_run(args: argparse.Namespace) -> int:
             args.scenario, out, args.set, nproc=args.nproc, options=options_from_cli(args), quiet=args.quiet
         )
     else:
-        dist_only = [f for f in ("nproc", "checkpoint_every", "resume", "device") if getattr(args, f, None)]
+        dist_only = [f for f in ("nproc", "verifiers", "device") if getattr(args, f, None)]
         if dist_only:
             raise ConfigError(f"--{dist_only[0].replace('_', '-')}: only used with --backend dist")
+        if args.checkpoint_every < 0:
+            raise ConfigError(f"--checkpoint-every {args.checkpoint_every}: must be >= 0 (0: no checkpoints)")
         jobs = args.jobs or 1
         set_threads(thread_count(jobs, args.threads)[0])
-        summary = runner.run(sc, out, progress=None if not args.quiet else False, backend=args.backend, jobs=jobs)
+        summary = runner.run(
+            sc,
+            out,
+            progress=None if not args.quiet else False,
+            backend=args.backend,
+            checkpoint_every=args.checkpoint_every,
+            resume=args.resume,
+            jobs=jobs,
+        )
     t = summary["training"]
     print(
         f"{sc.name}: val loss {t['initial_val_loss']:.4f} -> {t['final_val_loss']:.4f} "
@@ -213,10 +223,22 @@ def make_parser() -> argparse.ArgumentParser:
     r.add_argument("--out", help="result folder (default: runs/NAME-TIMESTAMP)")
     r.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a scenario key")
     r.add_argument("--backend", choices=["sim", "dist"], default="sim")
-    r.add_argument("--nproc", type=int, default=None, help="processes for --backend dist (default: workers + 1)")
+    r.add_argument(
+        "--nproc",
+        type=int,
+        default=None,
+        help="processes for --backend dist (default: one per worker plus one verifier per boundary)",
+    )
+    r.add_argument(
+        "--verifiers",
+        type=int,
+        default=None,
+        metavar="V",
+        help="dist: verifier processes (default: one per stage boundary, as --nproc allows)",
+    )
     r.add_argument("--timeout", type=float, default=60.0, help="dist: seconds before a silent rank counts as stalled")
-    r.add_argument("--checkpoint-every", type=int, default=0, metavar="N", help="dist: checkpoint every N steps")
-    r.add_argument("--resume", metavar="DIR", help="dist: resume from the checkpoints of a previous run folder")
+    r.add_argument("--checkpoint-every", type=int, default=0, metavar="N", help="checkpoint every N steps")
+    r.add_argument("--resume", metavar="DIR", help="resume from the newest checkpoint of a previous run folder")
     r.add_argument("--device", choices=["cpu", "cuda", "auto"], default=None, help="dist: compute device (cpu)")
     r.add_argument("--quiet", action="store_true", help="no progress output")
     r.add_argument(

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import fcntl
+import functools
 import hashlib
 import json
 import shutil
@@ -25,6 +26,11 @@ from typing import Any
 
 import yaml
 
+from attacks import build_adversary
+from sentinel.detectors import build_defence
+from sentinel.detectors.verifier import detector_view
+from sentinel.engine import checkpoint
+from sentinel.engine.clock import network_report
 from sentinel.engine.sim import SimEngine
 from sentinel.errors import RunError
 from sentinel.eventlog import EventLog
@@ -33,26 +39,22 @@ from sentinel.scenario import Scenario
 from sentinel.scoring.metrics import impact_metrics
 from sentinel.scoring.report import finish
 from sentinel.scoring.summary import build_summary, confirmation_metrics
-from sentinel.transport.clock import network_report
 
 
 def build_engine(scenario: Scenario, log: EventLog | None = None) -> SimEngine:
-    """The engine with this scenario's adversary, verifier and response policy installed."""
-    from attacks import build_adversary
-    from sentinel.detectors import build_defence
-
+    """The engine with this scenario's adversary, verifiers and response policy installed."""
     engine = SimEngine(scenario, log)
-    engine.transport.adversary = build_adversary(scenario, engine)
-    engine.transport.verifier, engine.transport.responder = build_defence(scenario, engine)
-    view = getattr(engine.transport.verifier, "detector_view", None)  # read-only, for white-box attacks
-    if callable(view) and hasattr(engine.transport.adversary, "attach_detector_view"):
-        engine.transport.adversary.attach_detector_view(view())
+    adversary = build_adversary(scenario, engine)
+    engine.set_adversary(adversary)
+    verifiers, responder = build_defence(scenario, engine.mesh, engine.recompute, engine.relay.inflight)
+    engine.install_defence(verifiers, responder)
+    if verifiers and adversary is not None:  # read-only, for white-box attacks
+        adversary.attach_detector_view(detector_view(verifiers))
     return engine
 
 
-def malicious_workers(engine: SimEngine) -> list[str]:
-    adv = engine.transport.adversary
-    return sorted(getattr(adv, "malicious", []) or [])
+def malicious_workers(engine) -> list[str]:
+    return sorted(engine.adversary.malicious) if engine.adversary is not None else []
 
 
 def twin_scenario(scenario: Scenario, kind: str) -> Scenario:
@@ -85,19 +87,42 @@ def _planned_steps(scenario: Scenario) -> int:
     return scenario.training.steps * (1 + len(scenario.scoring.twins) + int(confirm))
 
 
-def train(scenario: Scenario, out_dir: Path | None, progress: bool | None = None, label: str = "run") -> tuple:
-    """Train one scenario; save its EventLog (also on failure). Returns (engine, result, wall_s)."""
+def train(
+    scenario: Scenario,
+    out_dir: Path | None,
+    progress: bool | None = None,
+    label: str = "run",
+    *,
+    checkpoint_every: int = 0,
+    resume: Path | None = None,
+    top: Path | None = None,
+) -> tuple:
+    """Train one scenario; save its EventLog (also on failure). Returns (engine, result, wall_s).
+
+    `checkpoint_every` N: a checkpoint every N steps and after the last under OUT_DIR/checkpoints/; `resume`: the
+    run folder (or checkpoint) of an earlier run of the same scenario, resumed from its newest complete checkpoint
+    (this job's own: `top` is the run's folder, so a twin finds its twin's checkpoints)."""
     log = EventLog()
     engine = build_engine(scenario, log)
+    if checkpoint_every:
+        checkpoint.check(engine)
+    ckpt = checkpoint.resume_point(resume, out_dir, top if top is not None else out_dir)
+    if ckpt is not None:
+        checkpoint.load(engine, ckpt)
     bar = _Progress(scenario.training.steps, label, progress)
     t0 = time.perf_counter()
+
+    def save(program) -> None:
+        if out_dir is not None and checkpoint.due(program.step, checkpoint_every, scenario.training.steps):
+            checkpoint.mark_complete(checkpoint.save(program, out_dir / "checkpoints"), program.step)
+
     try:
-        result = engine.run(on_step=bar)
+        result = engine.run(on_step=bar, on_checkpoint=save)
     except BaseException as exc:
         bar.close()
         if out_dir is not None:
             out_dir.mkdir(parents=True, exist_ok=True)
-            log.save(out_dir)
+            log.canonicalize().save(out_dir)
             (out_dir / "failure.txt").write_text(
                 f"run failed at step {engine.step}: {exc!r}\n\n{traceback.format_exc()}"
             )
@@ -108,6 +133,7 @@ def train(scenario: Scenario, out_dir: Path | None, progress: bool | None = None
             + (f" (partial EventLog and traceback saved in {out_dir})" if out_dir else "")
         ) from exc
     bar.close()
+    log.canonicalize()
     if out_dir is not None:
         out_dir.mkdir(parents=True, exist_ok=True)
         log.save(out_dir)
@@ -155,11 +181,12 @@ def run_twins(
     scenario: Scenario, out_dir: Path, trainer, progress, cache: Path | None, jobs: int, main: Callable[[], Any]
 ) -> tuple[dict[str, EventLog], Any]:
     """The twins of `scenario` and `main()` (the run itself); with `jobs > 1` the twins train in
-    `jobs - 1` processes of the shared pool while `main()` trains here. Returns (twin logs, main's result)."""
+    `jobs - 1` processes of the shared pool while `main()` trains here (the plain `train` only: a custom
+    trainer, checkpoints or a resume keep the twins in this process). Returns (twin logs, main's result)."""
     from sentinel.parallel import TaskPool, thread_count
 
     kinds = list(scenario.scoring.twins)
-    if jobs <= 1 or not kinds or trainer is not train:
+    if jobs <= 1 or not kinds:
         twins = {
             k: run_twin(twin_scenario(scenario, k), out_dir / f"twin_{k}", trainer, progress, k, cache) for k in kinds
         }
@@ -186,20 +213,27 @@ def run(
     backend: str = "sim",
     trainer=None,
     twin_cache: Path | None = None,
+    checkpoint_every: int = 0,
+    resume: Path | None = None,
     jobs: int = 1,
 ) -> dict:
     """Run the scenario (and its twins) and write the result folder. Returns the summary.
 
-    `trainer` replaces `train` (same signature and contract); the dist backend passes its own.
-    `twin_cache`: a folder where identical twins are shared between runs (sweeps).
+    `trainer` replaces `train` (same signature and contract); the dist backend passes its own (with its own
+    checkpoint options). `twin_cache`: a folder where identical twins are shared between runs (sweeps).
+    `checkpoint_every`, `resume`: checkpoints of every job (run, twins, confirmation) and resuming from them.
     `progress`: a shared progress the run's steps count in (sweeps), or a flag: False silent, None/True
     one progress over the run, its twins and its confirmation (bar on a terminal, lines otherwise).
-    `jobs`: processes for the twins and the run together (`sentinel run --jobs`; sim only).
+    `jobs`: processes for the twins and the run together (`sentinel run --jobs`; sim without checkpoints).
     """
+    out_dir = Path(out_dir)
+    if trainer is not None or checkpoint_every or resume is not None:
+        jobs = 1  # the twins' processes run the plain `train`
+    trainer = trainer or functools.partial(train, checkpoint_every=checkpoint_every, resume=resume, top=out_dir)
     own = not hasattr(progress, "job")
     bar = Progress(_planned_steps(scenario), scenario.name, enabled=progress is not False) if own else progress
     try:
-        return _run(scenario, Path(out_dir), bar, backend, trainer or train, twin_cache, jobs)
+        return _run(scenario, out_dir, bar, backend, trainer, twin_cache, jobs)
     finally:
         if own:
             bar.close()
@@ -233,17 +267,19 @@ def _run(
         backend=backend,
         malicious=malicious_workers(engine),
         result=result,
-        bytes_sent=engine.transport.bytes_sent,
+        bytes_sent=engine.bytes_sent,
         wall_s=time.perf_counter() - t0,
-        detector_s=engine.transport.verifier_s,
+        detector_s=engine.verifier_s,
         optimum_loss=engine.data.optimum_loss,
         impact=impact,
         sim_time_s=net.get("sim_time_s"),
         clean=twins.get("clean"),
     )
     summary["transport"].update(net)  # simulated clock: sim_tokens_per_s, dp_bytes_sent, ... (network.py)
-    detector = getattr(engine.transport.verifier, "detector", None)
-    summary["cost"]["recomputed_messages"] = int(getattr(detector, "checked", 0))  # duplication-style detectors
+    summary["cost"]["recomputed_messages"] = sum(
+        int(getattr(v.detector, "checked", 0))  # duplication-style detectors
+        for v in engine.verifiers.values()
+    )
     log.save(out_dir)
     confirm = confirm_scenario(scenario, summary)
     if confirm is None and scenario.detector.mode == "open_loop" and scenario.scoring.confirm:

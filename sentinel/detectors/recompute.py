@@ -27,7 +27,7 @@ import numpy as np
 import torch
 
 from sentinel.config import spec
-from sentinel.detectors.base import Detector, Verdict
+from sentinel.detectors.base import Detector, Marker, Verdict
 from sentinel.registry import DETECTORS
 from sentinel.transport.message import Message
 
@@ -72,7 +72,7 @@ class Duplication(Detector):
         err = relative_error(msg.payload, ref)
         if err <= self.config.tol:
             return Verdict({"recompute_error": err}, False)
-        return Verdict({"recompute_error": err, "certain": 1.0}, True)  # a proof, not a statistical alarm
+        return Verdict({"recompute_error": err}, True, frozenset({Marker.CERTAIN}))  # a proof, not a statistical alarm
 
     @classmethod
     def threshold_rule(cls, config) -> dict:

@@ -51,7 +51,7 @@ import numpy as np
 import torch
 
 from sentinel.config import spec
-from sentinel.detectors.base import Detector, Verdict
+from sentinel.detectors.base import Detector, Marker, Verdict
 from sentinel.detectors.baseline import Baseline, Fences, SenderMedianBaseline
 from sentinel.detectors.distances import (
     DISTANCES,
@@ -272,10 +272,10 @@ class Sentinel(Detector):
         # NaN / Inf somewhere in the payload: never reaches any state. The float64 sum of a signature is finite
         # exactly when every entry is (entries are float32 values or a float64 square norm: no overflow)
         if not np.isfinite(np.add.reduce(sig)):
-            return Verdict({"integrity": 1.0}, True)
+            return Verdict({}, True, frozenset({Marker.INTEGRITY}))
         if self._replays is not None and self._replays.seen_before((tuple(msg.payload.shape), sig[:64].tobytes()),
                                                                    msg.step):
-            return Verdict({"replay": 1.0}, True)  # the pooled mean uses every token: equal only for a replay
+            return Verdict({}, True, frozenset({Marker.REPLAY}))  # the pooled mean uses every token: equal only for a replay
         if not self._comparable(st, sig):  # first message of the stream (the Verifier rejects odd shapes)
             st.fences.set_resolution(resolutions(self.names, lay))
             self._learn(st, sig, lay, msg)
@@ -294,23 +294,26 @@ class Sentinel(Detector):
             if not e <= self.config.k and not shift:  # NaN counts as above the fence
                 st.flags += 1
                 return Verdict(d, True)
-            if shift:
-                d["shift"] = 1.0
             learn = e <= self.config.k_learn or shift
-            if e > self.config.k_learn and not learn:
-                d["outlier"] = 1.0  # between the fences: accepted, not learned (soft evidence for the responder)
-        if learn:
-            return self._accept(st, sig, lay, msg, values, d, t)
-        return Verdict(d, False)
+            if shift:
+                marks = frozenset({Marker.SHIFT})
+            elif not learn:  # between the fences: accepted, not learned (soft evidence for the responder)
+                marks = frozenset({Marker.OUTLIER})
+            else:
+                marks = frozenset()
+            if learn:
+                return self._accept(st, sig, lay, msg, values, d, t, marks)
+            return Verdict(d, False, marks)
+        return self._accept(st, sig, lay, msg, values, d, t)
 
     def _accept(self, st: _Stream, sig: np.ndarray, lay, msg: Message, values: np.ndarray, d: dict,
-                t: np.ndarray) -> Verdict:
+                t: np.ndarray, marks: frozenset = frozenset()) -> Verdict:
         """Accept and learn: the baseline and the fences take the message in (`t`: the values on the fences'
         scale)."""
         if np.isfinite(values).all():
             self._learn(st, sig, lay, msg)
             st.fences.push(values, t)
-        return Verdict(d, False)
+        return Verdict(d, False, marks)
 
     def thresholds(self, boundary: int, role) -> dict[str, float]:
         """Current fences of a stream (empty while it is still learning) and the combined rule's k."""

@@ -55,13 +55,12 @@ class Asynchrony(StepHook):
         self.net_cfg = scenario.transport.network
         self.history: dict[str, _History] = {}
         self._current: dict[int, list[torch.Tensor]] = {}  # replica index -> its current weights (pipeline phase)
-        self._num_replicas = 0
         self.applied: dict[str, int] = {}  # worker -> staleness used in the latest step
         self.stragglers: frozenset[str] = frozenset()
 
     def attach(self, engine) -> None:
         self.stragglers = stragglers(self.net_cfg, self.seed, list(engine.workers.ids))
-        for r in engine.replicas:
+        for r in engine.replicas.values():
             self._hist(r)
 
     def _hist(self, rep) -> _History:
@@ -87,8 +86,7 @@ class Asynchrony(StepHook):
     @torch.no_grad()
     def before_pipeline(self, engine, st) -> None:
         self._current = {}
-        self._num_replicas = len(engine.replicas)
-        for i, rep in enumerate(engine.replicas):
+        for i, rep in engine.replicas.items():
             if not engine.workers.live[i]:
                 continue
             h = self._hist(rep)
@@ -110,17 +108,11 @@ class Asynchrony(StepHook):
         for i, cur in self._current.items():
             for p, c in zip(engine.replicas[i].params, cur):
                 p.copy_(c)
-        for i in range(self._num_replicas, len(engine.replicas)):  # added mid-step: copied stale weights
-            new = engine.replicas[i]
-            src = next((j for j in self._current if engine.replicas[j].stage_idx == new.stage_idx), None)
-            if src is not None:
-                for p, c in zip(new.params, self._current[src]):
-                    p.copy_(c)
         self._current = {}
 
     @torch.no_grad()
     def after_update(self, engine, st) -> None:
-        for i, rep in enumerate(engine.replicas):
+        for i, rep in engine.replicas.items():
             if not engine.workers.live[i]:
                 continue
             h = self._hist(rep)

@@ -114,8 +114,7 @@ class Subspace(Codec, StepHook):
 
     # -- engine hooks ------------------------------------------------------------------------------
     def attach(self, engine) -> None:
-        first = engine.replicas[engine.workers.live_in_stage(0)[0]].module
-        self.bind(first.embed.weight, engine.vocab, self._step_tokens, engine.sc.seed)
+        self.bind(engine.templates[0].embed.weight, engine.vocab, self._step_tokens, engine.sc.seed)
         if self.config.project_weights:
             self.project(engine)
 
@@ -137,10 +136,10 @@ class Subspace(Codec, StepHook):
         d = engine.sc.model.dim
         U = self.basis(d)
         P = U @ U.T  # d, d
-        for i in range(len(engine.replicas)):
+        for i, rep in engine.replicas.items():
             if not engine.workers.live[i]:
                 continue
-            m = engine.replicas[i].module
+            m = rep.module
             for block in m.blocks:
                 for lin in (block.attn.out, block.mlp.down):
                     lin.weight.copy_(P @ lin.weight)

@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 
 from sentinel.cli import main
-from sentinel.dist.launch import launch
-from sentinel.dist.runtime import Options
+from sentinel.distributed.launch import launch
+from sentinel.distributed.runtime import Options
 from sentinel.eventlog import EventLog
 from tests.distributed.helpers import ATTACKED, QUICKSTART, SMALL, assert_same_log, sim_reference, write_scenario
 

@@ -16,8 +16,7 @@ def _log(rows):
     """rows: (step, mb, boundary, role, sender, tampered_by or None, flagged or None)."""
     log = EventLog()
     for step, mb, b, role, sender, attack, flagged in rows:
-        m = Message(step, mb, b, role, sender, "x", torch.zeros(1))
-        m.msg_id = log.next_message_id()
+        m = Message(step, mb, b, role, sender, "x", torch.zeros(1), msg_id=len(log.messages))
         log.log_message(m)
         if attack:
             log.log_tamper(m, attack, 1.0)

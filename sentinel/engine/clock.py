@@ -12,8 +12,10 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from sentinel.engine.asynchrony import Asynchrony
 from sentinel.engine.hooks import StepHook, find_hook
 from sentinel.engine.schedule import Action, make_schedule
+from sentinel.engine.sparse_avg import SparseAveraging
 from sentinel.transport.message import Role
 from sentinel.transport.network import Network, _Links, simulate_step, stage_flops, stragglers
 
@@ -124,18 +126,14 @@ class NetworkClock(StepHook):
         if sync == "none":
             return 0
         if sync == "sparse_avg":
-            from sentinel.engine.sparse_avg import SparseAveraging
-
             hook = find_hook(engine, SparseAveraging)
             return hook.step_bytes.get(s, 0) if hook is not None else 0
-        comp = getattr(engine, "dp_compressor", None)
+        comp = engine.dp_compressor
         if comp is not None:
             return comp.step_bytes.get(s, 0)
         return 4 * self.stage_params[s]
 
     def after_update(self, engine, st) -> None:
-        from sentinel.engine.asynchrony import Asynchrony
-
         S, ids = engine.num_stages, engine.workers.ids
         queues: dict[str, list[Action]] = {}
         stage_of: dict[str, int] = {}
