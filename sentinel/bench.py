@@ -273,6 +273,66 @@ def dist_vs_sim(quick: bool) -> dict:
     }
 
 
+def _dist_timing(name: str, overrides: list[str], nproc: int, verifiers: int | None = None) -> dict:
+    """dist_timing.json of a distributed run of a bench scenario (one intra-op thread per process)."""
+    import json
+    import tempfile
+
+    from sentinel.distributed.launch import launch
+    from sentinel.distributed.runtime import Options
+
+    with tempfile.TemporaryDirectory() as tmp:
+        launch(
+            str(SCENARIOS / f"{name}.yaml"),
+            Path(tmp),
+            overrides,
+            nproc=nproc,
+            options=Options(timeout_s=300, verifiers=verifiers),
+            quiet=True,
+            timeout_s=1800,
+            output=Path(tmp) / "dist.log",
+        )
+        timing = json.loads((Path(tmp) / "dist_timing.json").read_text())
+    _tick(f"dist {name} on {nproc} processes")
+    return timing
+
+
+def _sim_s_per_step(name: str, overrides: list[str], steps: int) -> float:
+    """sim's seconds per step of the same scenario on one intra-op thread (as each distributed process has)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        return alternate({"sim": lambda: SimEngine(load_bench(name, *overrides))}, reps=1, steps=steps)["sim"]
+    finally:
+        torch.set_num_threads(threads)
+
+
+@benchmark
+def dist_scale(quick: bool) -> dict:
+    """The distributed backend at the paper's mesh size: seconds per step at 176 workers (16 x 11) over 16 workers
+    (16 x 1), same 22 microbatches, each on 31 processes (a verifier per boundary, one rank per stage); and the
+    same 176-worker run over sim on one thread (`dist_vs_sim_176`; goal <= 1.5 on 2 cores, where the ranks'
+    compute overlaps). The detail has each verifier's messages per second of relaying."""
+    steps = 3 if quick else 6
+    common = [f"training.steps={steps}", f"training.eval_every={steps}"]
+    t16 = _dist_timing("scale", [*common, "pipeline.replicas=1"], nproc=31)
+    t176 = _dist_timing("scale", [*common, "pipeline.replicas=11"], nproc=31)
+    sim176 = _sim_s_per_step("scale", [*common, "pipeline.replicas=11"], steps=steps - 1)
+    return {
+        "dist_scale": t176["s_per_step"] / t16["s_per_step"],
+        "dist_vs_sim_176": t176["s_per_step"] / sim176,
+        "dist_scale_detail": {
+            "dist_16_s_per_step": t16["s_per_step"],
+            "dist_176_s_per_step": t176["s_per_step"],
+            "sim_176_s_per_step": sim176,
+            "processes": t176["world"],
+            "verifiers": t176["verifiers"],
+            "verifier_messages_per_s_16": t16["verifier_messages_per_s"],
+            "verifier_messages_per_s_176": t176["verifier_messages_per_s"],
+        },
+    }
+
+
 @benchmark
 def sweep_parallel_speedup(quick: bool) -> dict:
     """Wall time of `sentinel sweep --jobs 1` over `--jobs 2` on the same small grid (scenarios/bench/sweep.yaml).
@@ -309,12 +369,35 @@ def sweep_parallel_speedup(quick: bool) -> dict:
     }
 
 
+@benchmark
+def dist_detector_overhead(quick: bool) -> dict:
+    """SENTINEL on the distributed backend (verifiers in their own processes): seconds per step with the detector
+    over without (closed loop, `on_flag: accept` so both train the same), engine.yaml with S=3 on 5 processes
+    (2 verifiers + 3 stage ranks). Goal <= 1.02: the detector's work is off the workers' critical path."""
+    steps = 4 if quick else 12
+    common = ["pipeline.stages=3", f"training.steps={steps}", f"training.eval_every={steps}"]
+    off = _dist_timing("engine", common, nproc=5)
+    on = _dist_timing(
+        "engine", [*common, "detector.name=sentinel", "detector.warmup_steps=1", "response.on_flag=accept"], nproc=5
+    )
+    return {
+        "dist_detector_overhead": on["s_per_step"] / off["s_per_step"],
+        "dist_detector_detail": {
+            "off_s_per_step": off["s_per_step"],
+            "on_s_per_step": on["s_per_step"],
+            "verifier_s": sum(r.get("verifier_s", 0.0) for r in on["ranks"]) / steps,
+        },
+    }
+
+
 UNITS = {  # timed configurations per benchmark (quick, full): the progress bar's units
     "engine_overhead": (4, 10),
     "scale_cost_ratio": (2, 6),
     "detector_overhead": (6, 21),
     "dist_vs_sim": (2, 3),
     "sweep_parallel_speedup": (2, 2),
+    "dist_scale": (3, 3),
+    "dist_detector_overhead": (2, 2),
 }
 
 

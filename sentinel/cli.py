@@ -7,11 +7,11 @@ Bad input never produces a traceback: errors are printed one per line, located.
 from __future__ import annotations
 
 import argparse
-import datetime
-import json
+import os
 import sys
 from pathlib import Path
 
+from sentinel import strictjson
 from sentinel.errors import ConfigError, SentinelError
 from sentinel.registry import REGISTRIES, did_you_mean, one_line
 
@@ -23,22 +23,16 @@ class _Parser(argparse.ArgumentParser):
         raise SystemExit(2)
 
 
-def _default_out(name: str) -> Path:
-    stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
-    base = Path("runs") / f"{name}-{stamp}"
-    out, i = base, 1
-    while out.exists():
-        out, i = Path(f"{base}-{i}"), i + 1
-    return out
-
-
 def cmd_run(args: argparse.Namespace) -> int:
-    from sentinel import runner, scenario
+    from sentinel import preflight, runner
     from sentinel.parallel import check_jobs, set_threads, thread_count
 
-    sc = scenario.load(args.scenario, args.set)
-    out = Path(args.out) if args.out else _default_out(sc.name)
+    _check_seeds(args.seeds)
     check_jobs(args.jobs)
+    if args.seeds is not None:  # the seeds' range is checked with the scenario (sweep.seeds)
+        args.set = [*args.set, f"sweep.seeds={args.seeds}"]
+    plan = preflight.check(preflight.Request.from_args(args, "run"))  # exit 2 before anything is written
+    sc, out = plan.scenario, plan.out
     if args.seeds is not None:
         return _run_seeds(args, sc, out)
     if args.backend == "dist":
@@ -50,11 +44,6 @@ def cmd_run(args: argparse.Namespace) -> int:
             args.scenario, out, args.set, nproc=args.nproc, options=options_from_cli(args), quiet=args.quiet
         )
     else:
-        dist_only = [f for f in ("nproc", "verifiers", "device") if getattr(args, f, None)]
-        if dist_only:
-            raise ConfigError(f"--{dist_only[0].replace('_', '-')}: only used with --backend dist")
-        if args.checkpoint_every < 0:
-            raise ConfigError(f"--checkpoint-every {args.checkpoint_every}: must be >= 0 (0: no checkpoints)")
         jobs = args.jobs or 1
         set_threads(thread_count(jobs, args.threads)[0])
         summary = runner.run(
@@ -91,7 +80,7 @@ def _run_seeds(args: argparse.Namespace, sc, out: Path) -> int:
     sweep.run_seeds(
         args.scenario,
         out,
-        [*args.set, f"sweep.seeds={args.seeds}"],
+        args.set,  # holds sweep.seeds=N
         jobs=args.jobs,
         threads=args.threads,
         progress=not args.quiet,
@@ -102,12 +91,16 @@ def _run_seeds(args: argparse.Namespace, sc, out: Path) -> int:
 
 
 def cmd_validate(args: argparse.Namespace) -> int:
-    from sentinel import scenario
+    from sentinel import preflight, scenario
 
-    sc = scenario.load(args.scenario, args.set)
+    plan = preflight.check(preflight.Request.from_args(args, "validate"))  # what `run` (and `sweep`) check
+    sc = plan.scenario
     for note in scenario.warnings_for(sc):
         print(f"warning: {note}", file=sys.stderr)
-    print(f"{args.scenario}: ok ({sc.name}: {sc.num_workers} workers, {sc.training.steps} steps)")
+    points = f"; sweep.grid: {len(plan.points)} points, each valid" if plan.points else ""
+    print(f"{args.scenario}: ok ({sc.name}: {sc.num_workers} workers, {sc.training.steps} steps{points})")
+    for line in plan.estimate.lines():
+        print(f"  {line}")
     return 0
 
 
@@ -125,8 +118,23 @@ def cmd_list(args: argparse.Namespace) -> int:
     return 0
 
 
+def _describe_scenario(prefix: str) -> int:
+    """`sentinel describe scenario[.SECTION]`: every scenario key with its type, default and range."""
+    from sentinel.config import schema_rows
+    from sentinel.scenario import Scenario
+
+    rows = [r for r in schema_rows(Scenario) if r[0].startswith(prefix)]
+    if not rows:
+        raise ConfigError(f"scenario.{prefix.rstrip('.')}: no such key; see `sentinel describe scenario`")
+    for key, tp, default, rng, help_ in rows:
+        print(f"{key}: {tp} = {default}" + (f"  [{rng}]" if rng else "") + (f"  # {help_}" if help_ else ""))
+    return 0
+
+
 def cmd_describe(args: argparse.Namespace) -> int:
     name = args.name
+    if name == "scenario" or name.startswith("scenario."):
+        return _describe_scenario(name[len("scenario.") :])
     kind = None
     if "/" in name:
         kind, name = name.split("/", 1)
@@ -141,23 +149,30 @@ def cmd_describe(args: argparse.Namespace) -> int:
         if info["params"]:
             print("parameters:")
             for p in info["params"]:
-                print(f"  {p['name']}: {p['type']} = {p['default']!r}" + (f"  # {p['help']}" if p["help"] else ""))
+                print(
+                    f"  {p['name']}: {p['type']} = {p['default']!r}"
+                    + (f"  [{p['range']}]" if p.get("range") else "")
+                    + (f"  # {p['help']}" if p["help"] else "")
+                )
         else:
             print("parameters: none")
     return 0
 
 
 def cmd_sweep(args: argparse.Namespace) -> int:
-    from sentinel import sweep
+    from sentinel import preflight, sweep
 
     _check_seeds(args.seeds)
     sweep.check_executor(args.executor, args.address)
-    out = Path(args.out) if args.out else _default_out(Path(args.scenario).stem + "-sweep")
-    overrides = [*args.set, *([f"sweep.seeds={args.seeds}"] if args.seeds is not None else [])]
+    if args.jobs is not None and not 1 <= args.jobs <= 256:
+        raise ConfigError(f"--jobs {args.jobs}: parallel processes, 1 to 256")
+    if args.seeds is not None:
+        args.set = [*args.set, f"sweep.seeds={args.seeds}"]
+    out = preflight.check(preflight.Request.from_args(args, "sweep")).out  # every point, before any runs
     rows = sweep.run_sweep(
         args.scenario,
         out,
-        overrides,
+        args.set,
         jobs=args.jobs,
         threads=args.threads,
         executor=args.executor,
@@ -170,26 +185,45 @@ def cmd_sweep(args: argparse.Namespace) -> int:
 
 
 def cmd_report(args: argparse.Namespace) -> int:
+    from sentinel import preflight
     from sentinel.progress import Progress
     from sentinel.scoring import report
 
+    if args.out:
+        preflight.check_out_file(args.out, "--out")
+    if args.csv:
+        preflight.check_out_file(args.csv, "--csv")
+    good, bad = [], 0
     bar = Progress(len(args.dirs), "report", unit="folders", enabled=len(args.dirs) > 1)
     try:
-        for d in args.dirs:
-            report.rebuild(Path(d))
-            bar.update(1, str(d))
+        for d in args.dirs:  # a bad folder is named and skipped; the others are still rebuilt
+            try:
+                report.rebuild(Path(d))
+            except ConfigError as exc:
+                bad += 1
+                for line in exc.problems:
+                    print(f"error: {line}", file=sys.stderr)
+                continue
+            finally:
+                bar.update(1, str(d))
+            good.append(Path(d))
             print(f"rebuilt {d}/summary.json and {d}/report.md")
     finally:
         bar.close()
-    if len(args.dirs) > 1:
-        table = report.combined_table([Path(d) for d in args.dirs])
+    if len(good) > 1:
+        table = report.combined_table(good)
         print(table, end="")
         if args.out:
             Path(args.out).write_text(table)
-    if args.csv:
-        report.write_combined_csv([Path(d) for d in args.dirs], Path(args.csv))
+    if args.csv and good:
+        report.write_combined_csv(good, Path(args.csv))
         print(f"combined table (one row per folder) in {args.csv}")
-    return 0
+    if bad:
+        print(
+            f"error: {bad} of {len(args.dirs)} folders could not be read (above); the others were rebuilt",
+            file=sys.stderr,
+        )
+    return 2 if bad else 0
 
 
 def cmd_thresholds(args: argparse.Namespace) -> int:
@@ -211,14 +245,23 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
     if args.threads is not None and args.threads < 1:
         raise ConfigError(f"--threads: {args.threads}; must be >= 1 (e.g. --threads 1)")
-    print(json.dumps(bench.run_all(quick=args.quick, threads=args.threads or 1), indent=2))
+    print(strictjson.dumps(bench.run_all(quick=args.quick, threads=args.threads or 1), indent=2))
     return 0
 
 
-def make_parser() -> argparse.ArgumentParser:
-    p = _Parser(prog="sentinel", description="Testbed for the security of decentralized pipeline-parallel training.")
-    sub = p.add_subparsers(dest="command", required=True, parser_class=_Parser)
-    r = sub.add_parser("run", help="run a scenario (plus its twins) and write a result folder")
+def _budget_flags(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--max-memory",
+        type=float,
+        default=None,
+        metavar="GIB",
+        help="memory budget in GiB (default: this machine's available memory)",
+    )
+    p.add_argument("--force", action="store_true", help="run even if the memory estimate exceeds the budget")
+
+
+def _run_flags(r: argparse.ArgumentParser) -> None:
+    """The flags of `run`, shared by `validate` (which checks them without running)."""
     r.add_argument("scenario")
     r.add_argument("--out", help="result folder (default: runs/NAME-TIMESTAMP)")
     r.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a scenario key")
@@ -240,6 +283,14 @@ def make_parser() -> argparse.ArgumentParser:
     r.add_argument("--checkpoint-every", type=int, default=0, metavar="N", help="checkpoint every N steps")
     r.add_argument("--resume", metavar="DIR", help="resume from the newest checkpoint of a previous run folder")
     r.add_argument("--device", choices=["cpu", "cuda", "auto"], default=None, help="dist: compute device (cpu)")
+    _budget_flags(r)
+
+
+def make_parser() -> argparse.ArgumentParser:
+    p = _Parser(prog="sentinel", description="Testbed for the security of decentralized pipeline-parallel training.")
+    sub = p.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    r = sub.add_parser("run", help="run a scenario (plus its twins) and write a result folder")
+    _run_flags(r)
     r.add_argument("--quiet", action="store_true", help="no progress output")
     r.add_argument(
         "--seeds",
@@ -263,14 +314,21 @@ def make_parser() -> argparse.ArgumentParser:
         help="intra-op threads per process (default: OMP_NUM_THREADS, else cores // jobs)",
     )
     r.set_defaults(fn=cmd_run)
-    v = sub.add_parser("validate", help="check a scenario file; exit 2 with located errors")
-    v.add_argument("scenario")
-    v.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
+    v = sub.add_parser(
+        "validate",
+        help="check a scenario (and run's flags) as `run` and `sweep` would; exit 2 "
+        "with located errors; print the cost estimate",
+    )
+    _run_flags(v)
     v.set_defaults(fn=cmd_validate)
     ls = sub.add_parser("list", help="registered plugins")
     ls.add_argument("kind", nargs="?")
     ls.set_defaults(fn=cmd_list)
-    d = sub.add_parser("describe", help="a plugin's parameters and docs (NAME or KIND/NAME)")
+    d = sub.add_parser(
+        "describe",
+        help="a plugin's parameters and docs (NAME or KIND/NAME); `scenario` lists "
+        "every scenario key with its default and range",
+    )
     d.add_argument("name")
     d.set_defaults(fn=cmd_describe)
     sw = sub.add_parser("sweep", help="run the scenario's sweep.grid (resumable); one table and plots")
@@ -294,6 +352,7 @@ def make_parser() -> argparse.ArgumentParser:
     )
     sw.add_argument("--address", default=None, help="ray: the cluster's address (HOST:PORT; default: a local Ray)")
     sw.add_argument("--quiet", action="store_true", help="no progress output")
+    _budget_flags(sw)
     sw.set_defaults(fn=cmd_sweep)
     rp = sub.add_parser("report", help="rebuild summary and report of saved result folders; combine several")
     rp.add_argument("dirs", nargs="+")
@@ -335,6 +394,12 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     except SentinelError as exc:
         print(f"error: {exc}", file=sys.stderr)
+        return 1
+    except BrokenPipeError:  # stdout closed early (`sentinel describe scenario | head`): nothing left to say
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 1
+    except OSError as exc:  # the disk or the system failed us mid-command (full disk, lost mount): not bad input
+        print(f"error: {exc.__class__.__name__}: {exc}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
         print("interrupted; partial results (if any) were saved", file=sys.stderr)

@@ -20,6 +20,8 @@ from typing import Any
 
 import numpy as np
 
+from sentinel import strictjson
+
 
 class Table:
     """Columns of a fixed dtype that grow by doubling; `append` writes one row."""
@@ -150,7 +152,7 @@ class EventLog:
         arrays = {f"{t}.{k}": v for t in self.TABLES for k, v in getattr(self, t).as_arrays().items()}
         np.savez_compressed(out_dir / "events.npz", **arrays)
         (out_dir / "events.json").write_text(
-            json.dumps({"workers": self.workers, "attacks": self.attacks, "meta": self.meta}, indent=1)
+            strictjson.dumps({"workers": self.workers, "attacks": self.attacks, "meta": self.meta}, indent=1)
         )
 
     @classmethod
@@ -179,7 +181,7 @@ class EventLog:
         processes each log their part) then give identical logs.
         """
         self.messages = _sorted(self.messages, np.lexsort((self.messages["id"],)))
-        self.verdicts = _sorted(self.verdicts, np.lexsort((self.verdicts["msg"],)))
+        self.verdicts = _sorted(self.verdicts, np.lexsort((self.verdicts["msg"],)), columns_sorted=True)
         g = self.ground_truth
         dp = g["msg"] < 0
         stage = np.array([int(self.workers[w].split("r")[0][1:]) for w in g["worker"]], dtype=np.int64)
@@ -232,10 +234,14 @@ class EventLog:
                             *["" if np.isnan(scores[k][j]) else f"{scores[k][j]:.6g}" for k in score_cols]])
 
 
-def _sorted(table: Table, order: np.ndarray) -> Table:
-    """`table` with its rows in `order` (stable; the column schema kept)."""
+def _sorted(table: Table, order: np.ndarray, columns_sorted: bool = False) -> Table:
+    """`table` with its rows in `order` (stable; the column schema kept; `columns_sorted`: the columns added on the
+    way, such as a detector's statistics, in name order after the fixed ones, whichever row brought them first)."""
     arrays = table.as_arrays()
+    if columns_sorted:
+        fixed = [k for k in arrays if not k.startswith("score_")]
+        arrays = {k: arrays[k] for k in fixed + sorted(set(arrays) - set(fixed))}
     out = Table.from_arrays({k: v[order] for k, v in arrays.items()}) if len(order) else Table(
         {k: v.dtype for k, v in arrays.items()})
-    out._fill = dict(table._fill)
+    out._fill = {**out._fill, **table._fill}
     return out

@@ -27,18 +27,21 @@ from typing import Any
 import yaml
 
 from attacks import build_adversary
+from attacks.validation import white_box_attacks
 from sentinel.detectors import build_defence
-from sentinel.detectors.verifier import detector_view
+from sentinel.detectors.verifier import PublishedState
 from sentinel.engine import checkpoint
 from sentinel.engine.clock import network_report
+from sentinel.engine.hooks import StepHook
 from sentinel.engine.sim import SimEngine
+from sentinel.engine.step import StepProgram, StepState
 from sentinel.errors import RunError
 from sentinel.eventlog import EventLog
 from sentinel.progress import JobProgress, Progress
 from sentinel.scenario import Scenario
 from sentinel.scoring.metrics import impact_metrics
 from sentinel.scoring.report import finish
-from sentinel.scoring.summary import build_summary, confirmation_metrics
+from sentinel.scoring.summary import build_summary, confirmation_metrics, threshold_rule
 
 
 def build_engine(scenario: Scenario, log: EventLog | None = None) -> SimEngine:
@@ -48,12 +51,24 @@ def build_engine(scenario: Scenario, log: EventLog | None = None) -> SimEngine:
     engine.set_adversary(adversary)
     verifiers, responder = build_defence(scenario, engine.mesh, engine.recompute, engine.relay.inflight)
     engine.install_defence(verifiers, responder)
-    if verifiers and adversary is not None:  # read-only, for white-box attacks
-        adversary.attach_detector_view(detector_view(verifiers))
+    if verifiers and adversary is not None and white_box_attacks(scenario):  # read-only, for white-box attacks
+        published = PublishedState(scenario)
+        adversary.attach_detector_view(published.view())
+        engine.hooks.insert(0, Publish(published, verifiers))
     return engine
 
 
-def malicious_workers(engine) -> list[str]:
+class Publish(StepHook):
+    """sim's verifiers publish their detectors' state to white-box attackers at the start of every step."""
+
+    def __init__(self, published: PublishedState, verifiers: dict):
+        self.published, self.verifiers = published, verifiers
+
+    def before_pipeline(self, engine: StepProgram, st: StepState) -> None:
+        self.published.load(PublishedState.publish({b: v.detector for b, v in self.verifiers.items()}))
+
+
+def malicious_workers(engine: StepProgram) -> list[str]:
     return sorted(engine.adversary.malicious) if engine.adversary is not None else []
 
 
@@ -258,7 +273,12 @@ def _run(
     tokens_per_step = p.microbatches * sc.data.batch_size * sc.model.seq_len
     impact = impact_metrics(engine.log, twins, engine.data.optimum_loss, tokens_per_step) if twins else None
     log = engine.log
-    log.meta.update(malicious=malicious_workers(engine), optimum_loss=engine.data.optimum_loss, backend=backend)
+    log.meta.update(
+        malicious=malicious_workers(engine),
+        optimum_loss=engine.data.optimum_loss,
+        backend=backend,
+        threshold_rule=threshold_rule(scenario),
+    )  # `sentinel report` re-scores without plug-in code
     net = network_report(engine)  # {} when transport.network.enabled is false
     log.meta["transport"] = net
     summary = build_summary(
@@ -276,10 +296,7 @@ def _run(
         clean=twins.get("clean"),
     )
     summary["transport"].update(net)  # simulated clock: sim_tokens_per_s, dp_bytes_sent, ... (network.py)
-    summary["cost"]["recomputed_messages"] = sum(
-        int(getattr(v.detector, "checked", 0))  # duplication-style detectors
-        for v in engine.verifiers.values()
-    )
+    summary["cost"]["recomputed_messages"] = engine.recomputed_messages()  # duplication-style detectors
     log.save(out_dir)
     confirm = confirm_scenario(scenario, summary)
     if confirm is None and scenario.detector.mode == "open_loop" and scenario.scoring.confirm:

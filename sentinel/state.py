@@ -31,6 +31,7 @@ import numpy as np
 import torch
 
 from sentinel.errors import SentinelError
+from sentinel.eventlog import EventLog
 
 KIND = "__kind__"
 KEEP = {KIND: "keep"}
@@ -41,13 +42,10 @@ class StateError(SentinelError):
     """A plug-in whose state this module cannot capture (names it and the attribute)."""
 
 
-def _excluded() -> tuple[type, ...]:
-    from sentinel.engine.step import Replica, StepProgram
-    from sentinel.eventlog import EventLog
-
-    return (EventLog, Replica, StepProgram, torch.nn.Module, torch.optim.Optimizer, types.ModuleType, type,
-            threading.Thread, type(threading.Lock()), queue.Queue, types.FunctionType, types.MethodType,
-            types.BuiltinFunctionType, functools.partial)
+# Left alone (kept as the rebuilt run has them): saved elsewhere, rebuilt by the run, or not state at all
+EXCLUDED: tuple[type, ...] = (EventLog, torch.nn.Module, torch.optim.Optimizer, types.ModuleType, type, threading.Thread,
+                              type(threading.Lock()), queue.Queue, types.FunctionType, types.MethodType,
+                              types.BuiltinFunctionType, functools.partial)
 
 
 def allowed_class(qualified: str) -> bool:
@@ -74,9 +72,9 @@ def _resolve(qualified: str) -> type:
 
 
 class _Capture:
-    def __init__(self) -> None:
+    def __init__(self, exclude: tuple[type, ...] = ()) -> None:
         self.memo: dict[int, int] = {}
-        self.excluded = _excluded()
+        self.excluded = EXCLUDED + tuple(exclude)
 
     def __call__(self, obj: Any, path: str) -> Any:
         if isinstance(obj, enum.Enum):  # before int: an IntEnum is an int
@@ -243,9 +241,10 @@ def _refill(existing: Any, new: dict) -> dict:
     return new
 
 
-def capture(objects: dict[str, Any]) -> dict[str, Any]:
-    """Plain-data state of named objects (one walk: objects shared between them are captured once)."""
-    walk = _Capture()
+def capture(objects: dict[str, Any], exclude: tuple[type, ...] = ()) -> dict[str, Any]:
+    """Plain-data state of named objects (one walk: objects shared between them are captured once); instances of
+    `exclude` (e.g. the engine's replicas, saved on their own) are left alone like the EXCLUDED types."""
+    walk = _Capture(exclude)
     return {name: walk(obj, name) for name, obj in objects.items()}
 
 

@@ -47,7 +47,17 @@ class DetectorEnv:
 
 
 class Detector:
-    """Base class: subclasses define a frozen `Config` and `observe`."""
+    """Base class: subclasses define a frozen `Config` and `observe`.
+
+    Class attributes a detector may set: `checks_payload` (it checks NaN / Inf and replays itself, from a full
+    pass it makes anyway: the Verifier then checks only dtype and shape), `wants_inputs` (it reads
+    `DetectorEnv.sender_inputs`: the distributed backend then forwards what senders received between
+    verifiers). `checked` counts the messages it recomputed (duplication-style detectors).
+    """
+
+    checks_payload: bool = False
+    wants_inputs: bool = False
+    checked: int = 0
 
     @dataclasses.dataclass(frozen=True, kw_only=True)
     class Config:
@@ -82,4 +92,8 @@ class Detector:
 
     def public_state(self) -> dict:
         """Read-only view a white-box adversary may inspect (thresholds, baselines)."""
+        return {}
+
+    def thresholds(self, boundary: int, role) -> dict[str, float]:
+        """The values each statistic must not exceed now (public: a white-box adversary may read them)."""
         return {}

@@ -33,6 +33,7 @@ the EventLog's ground truth.
 
 from __future__ import annotations
 
+import io
 from collections.abc import Mapping
 
 import torch
@@ -43,6 +44,7 @@ from sentinel.engine.step import payload_shape
 from sentinel.engine.workers import MeshControl
 from sentinel.registry import DETECTORS
 from sentinel.response import Responder
+from sentinel.state import capture, restore
 from sentinel.transport.codecs import build_codecs
 from sentinel.transport.message import Message
 
@@ -60,7 +62,7 @@ class Verifier:
         self.sparse_replays = SparseReplayMemory(seed)
         self.masked_roles = masked_roles  # roles whose codec keeps random positions (`Codec.random_positions`)
         self._fingerprint = Fingerprint(seed)
-        self._own_checks = getattr(detector, "checks_payload", False)  # the detector checks NaN / replays itself
+        self._own_checks = detector.checks_payload  # the detector checks NaN / replays itself
 
     def integrity_ok(self, payload: torch.Tensor, shape_only: bool = False) -> bool:
         """Floating point, the honest shape, every value finite (unless the detector checks that itself)."""
@@ -112,11 +114,11 @@ class DetectorView:
     """
 
     def __init__(self, detectors: Mapping[int, Detector]):
-        self._detectors = dict(detectors)
+        self._detectors = detectors
 
     def thresholds(self, boundary: int, role) -> dict[str, float]:
-        fn = getattr(self._detectors.get(int(boundary)), "thresholds", None)
-        return fn(boundary, role) if fn is not None else {}
+        det = self._detectors.get(int(boundary))
+        return det.thresholds(boundary, role) if det is not None else {}
 
     def scores(self, boundary: int, role, payload: torch.Tensor) -> dict[str, float]:
         det = self._detectors.get(int(boundary))
@@ -124,6 +126,37 @@ class DetectorView:
 
     def public_state(self) -> dict:
         return {f"boundary/{b}": det.public_state() for b, det in sorted(self._detectors.items())}
+
+
+class PublishedState:
+    """What white-box attackers see: the verifiers' detectors as they were at the start of the current step.
+
+    Every verifier publishes its detectors' state at the start of each step (`publish`); the attackers' copies
+    (`load`) answer the `DetectorView`. In sim the copies are refreshed in the same process; on the distributed
+    backend each verifier process sends its part to the worker processes. So a white-box attack reads the same
+    state on both backends: the detector as it was when the step began, never its verdict on the message at hand.
+    """
+
+    def __init__(self, scenario):
+        self.detectors = {b: v.detector for b, v in build_verifiers(scenario, None).items()}
+
+    @staticmethod
+    def publish(detectors: Mapping[int, Detector]) -> bytes:
+        """The state of `detectors` (boundary -> detector), as bytes (`torch.load(weights_only=True)` reads them)."""
+        state = capture({str(b): {k: v for k, v in vars(d).items() if k != "env"} for b, d in detectors.items()})
+        buf = io.BytesIO()
+        torch.save(state, buf)
+        return buf.getvalue()
+
+    def load(self, data: bytes) -> None:
+        state = torch.load(io.BytesIO(data), weights_only=True)
+        parts = {b: {k: getattr(self.detectors[int(b)], k, None) for k in sub} for b, sub in state.items()}
+        for b, attrs in restore(parts, state).items():
+            for k, v in attrs.items():
+                setattr(self.detectors[int(b)], k, v)
+
+    def view(self) -> DetectorView:
+        return DetectorView(self.detectors)
 
 
 def wire_message(msg: Message) -> Message:
@@ -165,5 +198,5 @@ def build(scenario, mesh: MeshControl | None, recompute=None, inputs=None) -> tu
 
 
 def detector_view(verifiers: Mapping[int, Verifier]) -> DetectorView:
-    """The read-only view the runner hands to a white-box adversary (attacks/detector_view.py)."""
+    """A read-only view on the live detectors (tests; a run hands white-box attacks `PublishedState.view()`)."""
     return DetectorView({b: v.detector for b, v in verifiers.items()})

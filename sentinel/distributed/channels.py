@@ -23,10 +23,12 @@ from __future__ import annotations
 
 import collections
 import json
+import time
 
 import torch
 import torch.distributed as dist
 
+from sentinel.detectors.verifier import PublishedState
 from sentinel.distributed import wire as W
 from sentinel.distributed.comm import Comm, Frames, PeerFault
 from sentinel.distributed.faults import FaultInjector
@@ -108,9 +110,9 @@ class WorkerChannel:
     """A worker rank's end of the channel (see the module docstring)."""
 
     def __init__(self, program: StepProgram, comm: Comm, rank_map: RankMap, sender: Sender, faults: FaultInjector,
-                 step_end: StepEnd):
+                 step_end: StepEnd, share_weights: bool = False):
         self.program, self.comm, self.rank_map, self.sender = program, comm, rank_map, sender
-        self.faults, self.step_end = faults, step_end
+        self.faults, self.step_end, self.share_weights = faults, step_end, share_weights
         self.stage = rank_map.stage_of_rank(comm.rank)
         peers = sorted({rank_map.verifier_of[b] for b in (self.stage - 1, self.stage) if b in rank_map.verifier_of})
         self.frames = Frames(comm, peers, program.payload_shape, 0)
@@ -120,6 +122,19 @@ class WorkerChannel:
     def begin_step(self, program: StepProgram, st: StepState) -> None:
         self.st = st
         self.faults.at_step(st.step)
+        if self.program.published is not None:  # white-box attackers read the detectors as they begin this step
+            for v in range(self.rank_map.num_verifiers):
+                if self.rank_map.boundaries(v):
+                    n = int(self.comm.recv((1,), torch.int64, v, "the verifiers' published state"))
+                    data = self.comm.recv((n,), torch.uint8, v, "the verifiers' published state")
+                    self.program.published.load(data.numpy().tobytes())
+        if self.share_weights:  # a recomputing detector: the verifiers on both sides get this step's weights
+            verifiers = sorted({self.rank_map.verifier_of[b] for b in (self.stage - 1, self.stage)
+                                if b in self.rank_map.verifier_of})
+            for v in verifiers:
+                for i, rep in sorted(program.replicas.items()):
+                    if program.workers.live[i]:
+                        self.comm.send(torch.nn.utils.parameters_to_vector(rep.module.parameters()).detach(), v)
 
     def send(self, msg: Message, prov: Provenance) -> None:
         sent, wire = self.sender.encode(msg)
@@ -166,9 +181,11 @@ class VerifierChannel:
     """A verifier rank: relays every message of its boundaries, one step at a time (see the module docstring)."""
 
     def __init__(self, program: StepProgram, comm: Comm, rank_map: RankMap, relay: Relay, step_end: StepEnd,
-                 responder=None, mesh=None, wants_inputs: bool = False):
+                 responder=None, mesh=None, wants_inputs: bool = False, recompute=None, publish: bool = False):
         self.program, self.comm, self.rank_map, self.relay = program, comm, rank_map, relay
         self.step_end, self.responder, self.mesh, self.wants_inputs = step_end, responder, mesh, wants_inputs
+        self.recompute, self.publish = recompute, publish
+        self.relay_s = 0.0  # wall seconds spent relaying steps (messages per second per verifier)
         self.S, self.M = program.num_stages, program.num_microbatches
         self.mine = rank_map.boundaries(comm.rank)
         peers = set()
@@ -211,7 +228,22 @@ class VerifierChannel:
         """Relay every message of this rank's boundaries for this step."""
         if not self.mine:
             return
+        t0 = time.perf_counter()
+        try:
+            self._relay_step(program, st)
+        finally:
+            self.relay_s += time.perf_counter() - t0
+
+    def _relay_step(self, program: StepProgram, st: StepState) -> None:
         self.st, self.plan, self.ids = st, st.plan, program.workers.ids
+        if self.publish:  # to every worker process: white-box attackers read the detectors as this step begins
+            data = PublishedState.publish({b: v.detector for b, v in self.relay.verifiers.items()})
+            blob = torch.frombuffer(bytearray(data), dtype=torch.uint8)
+            for rank in range(self.rank_map.num_verifiers, self.rank_map.world_size):
+                self.comm.send(torch.tensor([blob.numel()], dtype=torch.int64), rank)
+                self.comm.send(blob, rank)
+        if self.recompute is not None:
+            self.recompute.receive()
         self.inbox: dict[tuple[int, int, int], tuple] = {}  # (boundary, role, mb) -> (src, header, body)
         self.status: dict[tuple[int, int, int], tuple] = {}  # (boundary, role, mb) -> (tainted, payload)
         self.act_next = {b: 0 for b in self.mine}

@@ -10,7 +10,6 @@ it announces each training job (the run, its twins, the confirmation) to the oth
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import time
@@ -20,6 +19,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
+from sentinel import strictjson
 from sentinel.distributed.merge import log_from_bytes, log_to_bytes, merge
 from sentinel.distributed.program import DistProgram
 from sentinel.distributed.runtime import Runtime, check_supported
@@ -83,7 +83,7 @@ def trainer(rt: Runtime, top: Path | None):
         if out_dir is not None:
             out_dir.mkdir(parents=True, exist_ok=True)
             log.save(out_dir)
-            (out_dir / "dist_timing.json").write_text(json.dumps(timing(program, rt), indent=1))
+            (out_dir / "dist_timing.json").write_text(strictjson.dumps(timing(program, rt), indent=1))
         return program, result, time.perf_counter() - t0
 
     return train
@@ -93,13 +93,25 @@ def _kind(program: DistProgram, rank: int) -> str:
     return "verifier" if program.rank_map.is_verifier(rank) else "worker"
 
 
+def relay_stats(program: DistProgram) -> dict:
+    """A verifier rank's messages and the seconds it spent relaying them (per-verifier throughput)."""
+    if not program.is_verifier:
+        return {}
+    return {"messages": len(program.log.messages), "relay_s": program.channel.relay_s,
+            "boundaries": program.rank_map.boundaries(program.rt.rank)}
+
+
 def timing(program: DistProgram, rt: Runtime) -> dict:
-    """Where the time went: per-step wall time (the first step is warm-up) and each rank's split."""
+    """Where the time went: per-step wall time (the first step is warm-up), each rank's split, and each verifier's
+    messages per second of relaying."""
     steady = program.step_s[1:] or program.step_s
+    ranks = [{"rank": 0, "role": "verifier", "wall_s": sum(program.step_s), "wait_s": rt.comm.wait_s,
+              "verifier_s": program.relay.verifier_s, **relay_stats(program)}, *program.rank_stats]
+    verifiers = [r for r in ranks if r.get("relay_s")]
     return {"backend": rt.dp_backend, "world": rt.world, "verifiers": program.rank_map.num_verifiers,
             "steps": len(program.step_s), "s_per_step": sum(steady) / max(1, len(steady)),
             "coordinator_wait_s": rt.comm.wait_s, "coordinator_verifier_s": program.relay.verifier_s,
-            "ranks": getattr(program, "rank_stats", [])}
+            "verifier_messages_per_s": [r["messages"] / r["relay_s"] for r in verifiers], "ranks": ranks}
 
 
 # -- ranks 1..N-1 --------------------------------------------------------------------------------------
@@ -117,7 +129,8 @@ def worker_loop(rt: Runtime, top: Path | None) -> None:
             program.close()
             log.meta["dist"] = {"rank": rt.rank, "role": _kind(program, rt.rank), "wall_s": time.perf_counter() - t0,
                                 "wait_s": rt.comm.wait_s,
-                                "verifier_s": program.relay.verifier_s if program.is_verifier else 0.0}
+                                "verifier_s": program.relay.verifier_s if program.is_verifier else 0.0,
+                                "recomputed": program.recomputed_messages(), **relay_stats(program)}
             _send_bytes(rt, 0, log_to_bytes(log))
             rt.comm.flush()
         except BaseException as exc:
@@ -163,4 +176,5 @@ def write_exit(top: Path | None, rank: int, status: str, message: str = "") -> N
         return
     d = top / "ranks" / f"rank{rank}"
     d.mkdir(parents=True, exist_ok=True)
-    (d / "exit.json").write_text(json.dumps({"rank": rank, "pid": os.getpid(), "status": status, "message": message}))
+    (d / "exit.json").write_text(strictjson.dumps({"rank": rank, "pid": os.getpid(), "status": status,
+                                                   "message": message}))

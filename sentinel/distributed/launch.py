@@ -23,6 +23,7 @@ from sentinel.distributed.merge import merge
 from sentinel.distributed.runtime import Options, check_supported
 from sentinel.errors import RunError
 from sentinel.eventlog import EventLog
+from sentinel.preflight import check_resume
 
 
 def options_from_cli(args) -> Options:
@@ -32,7 +33,7 @@ def options_from_cli(args) -> Options:
     if args.timeout <= 0 or args.checkpoint_every < 0:
         raise ConfigError("--timeout must be > 0 and --checkpoint-every >= 0")
     return Options(timeout_s=args.timeout, checkpoint_every=args.checkpoint_every, resume=args.resume,
-                   device=args.device or "cpu", verifiers=getattr(args, "verifiers", None))
+                   device=args.device or "cpu", verifiers=args.verifiers)
 
 
 def default_nproc(sc, verifiers: int | None = None) -> int:
@@ -43,7 +44,8 @@ def default_nproc(sc, verifiers: int | None = None) -> int:
 
 def torchrun_command(scenario_path: str, out: Path, overrides: list[str], nproc: int, options: Options,
                      quiet: bool) -> list[str]:
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
+    # torchrun (`torch.distributed.run`) minus the traceback it prints after a rank failed
+    cmd = [sys.executable, "-m", "sentinel.distributed.torchrun", "--standalone", f"--nproc-per-node={nproc}",
            "--monitor-interval=1", "-m", "sentinel.distributed", str(scenario_path), "--out", str(out),
            "--timeout", str(options.timeout_s), "--device", options.device, "--backend", options.backend]
     for item in overrides:
@@ -76,6 +78,8 @@ def launch(scenario_path: str, out: Path, overrides: list[str] | tuple[str, ...]
     nproc = nproc or default_nproc(sc, options.verifiers)
     check_world(sc.pipeline.stages, sc.pipeline.replicas, nproc, options.verifiers)
     rank_map = RankMap(sc.pipeline.stages, sc.pipeline.replicas, nproc, options.verifiers)
+    if options.resume is not None:
+        check_resume(options.resume, nproc)  # before torchrun starts: no process, no stray folder
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     for stale in out.glob("ranks/rank*/exit.json"):
@@ -137,7 +141,8 @@ def diagnose(out: Path, rank_map: RankMap) -> str:
     lines = [f"{who} died without reporting (killed or crashed)" for who in silent] + errors
     if not lines:
         lines = ["the dist run failed; every rank was ended by the launcher (see the output above)"]
-    return "dist run failed: " + "; ".join(lines)
+    return f"dist run failed ({len(lines)} rank{'s' if len(lines) > 1 else ''}):\n" + "\n".join(
+        f"  {line}" for line in lines)  # one line per failed rank
 
 
 def _salvage(out: Path, rank_map: RankMap, message: str) -> None:

@@ -21,8 +21,9 @@ import torch
 import torch.distributed as dist
 
 from attacks import build_adversary
+from attacks.validation import white_box_attacks
 from sentinel.detectors import build_defence
-from sentinel.detectors.verifier import build_verifiers
+from sentinel.detectors.verifier import PublishedState, build_verifiers
 from sentinel.distributed.channels import StepEnd, VerifierChannel, WorkerChannel
 from sentinel.distributed.faults import FaultInjector, parse_faults
 from sentinel.distributed.mapping import COORDINATOR, RankMap
@@ -34,6 +35,7 @@ from sentinel.model import loss_fn
 from sentinel.registry import DETECTORS
 from sentinel.response import Responder
 from sentinel.scenario import Scenario
+from sentinel.transport.message import Role
 from sentinel.transport.relay import Relay, Sender
 
 
@@ -101,19 +103,71 @@ class TorchCollective:
         return torch.load(io.BytesIO(data.numpy().tobytes()), weights_only=True, map_location=p.device)
 
 
+class VerifierRecompute:
+    """The trusted recomputation on a verifier process (`DetectorEnv.recompute` of duplication-style detectors).
+
+    The verifier holds a copy of the weights of every live replica of the stages on both sides of its boundaries,
+    sent by the worker processes at the start of each step (after the step hooks swapped in the weights the step
+    computes with: stale ones under asynchrony); the sender's input and, for a gradient, the gradient it received
+    are what the verifiers relayed (`SenderInputs`), the last stage's targets come from the data. So it computes
+    what `sentinel.engine.sim.TrustedRecompute` computes, at its real cost: the weights travel every step.
+    """
+
+    def __init__(self, program: DistProgram):
+        self.program = program
+        self.modules: dict[str, torch.nn.Module] = {}  # worker id -> its weights this step
+
+    def stages(self) -> list[int]:
+        mine = self.program.rank_map.boundaries(self.program.rt.rank)
+        return sorted({s for b in mine for s in (b, b + 1)})
+
+    def receive(self) -> None:
+        """This step's weights of every live replica of my stages, from the ranks hosting them (table order)."""
+        p = self.program
+        for s in self.stages():
+            for i in p.workers.live_in_stage(s):
+                wid = p.workers.ids[i]
+                module = self.modules.get(wid)
+                if module is None:
+                    module = self.modules[wid] = copy.deepcopy(p.templates[s])
+                n = sum(t.numel() for t in module.parameters())
+                flat = p.comm.recv((n,), torch.float32, p.rank_map.host[wid], f"the weights of {wid} (recomputation)")
+                torch.nn.utils.vector_to_parameters(flat, module.parameters())
+
+    def __call__(self, msg, worker: str | None = None) -> torch.Tensor | None:
+        p = self.program
+        inputs = p.relay.inflight(msg)
+        module = self.modules.get(worker or msg.sender)
+        if inputs is None or module is None or inputs.x is None:
+            return None
+        if msg.role == Role.ACTIVATION:
+            with torch.no_grad():
+                return module(inputs.x)
+        with torch.enable_grad():
+            x = inputs.x.detach().requires_grad_()
+            out = module(x)
+            if msg.boundary + 1 == p.num_stages - 1:  # the last stage: from the loss on the true targets
+                out = loss_fn(out, p.channel.st.batch[msg.mb_idx, :, 1:])
+            return torch.autograd.grad(out, x, grad_outputs=inputs.grad)[0]
+
+
 class DistProgram(StepProgram):
     """The step program of one rank of a distributed run (see the module docstring)."""
 
     def __init__(self, scenario: Scenario, rt: Runtime, log: EventLog):
         p = scenario.pipeline
         self.rt = rt
-        self.rank_map = RankMap(p.stages, p.replicas, rt.world, rt.options.verifiers)
-        super().__init__(scenario, log=log, placement=RankPlacement(self.rank_map, rt.rank), channel=None,
+        rank_map = RankMap(p.stages, p.replicas, rt.world, rt.options.verifiers)
+        super().__init__(scenario, log=log, placement=RankPlacement(rank_map, rt.rank), channel=None,
                          collective=None)
+        self.rank_map = rank_map
         self.device = rt.device
         for rep in self.replicas.values():
             rep.module.to(self.device)
         self.comm = rt.comm
+        self.world = rt.world
+        self.published: PublishedState | None = None
+        self.rank_stats: list[dict] = []  # the other ranks' figures, on the coordinator after the job
         self.comm.describe = self.rank_map.describe
         self.comm.wait_s = 0.0
         # every rank creates every stage group, in the same order (torch.distributed requires it)
@@ -126,9 +180,13 @@ class DistProgram(StepProgram):
             self.channel = self._verifier_channel(step_end)
         else:
             self.adversary = build_adversary(scenario, self)
+            if white_box_attacks(scenario) and scenario.detector.name != "none":  # verifiers publish every step
+                self.published = PublishedState(scenario)
+                self.adversary.attach_detector_view(self.published.view())
             faults = FaultInjector(parse_faults(rt.options.faults), [self.workers.ids[i] for i in self.replicas])
             self.channel = WorkerChannel(self, self.comm, self.rank_map, Sender(self.codecs, scenario.seed,
-                                                                               self.adversary), faults, step_end)
+                                                                               self.adversary), faults, step_end,
+                                         share_weights=recomputes(scenario))
         self.install_hooks(clock=False)  # a distributed run measures real time instead of simulating it
         self.eval_stages = None
         self.step_s: list[float] = []  # wall seconds of each train_step (evaluation excluded)
@@ -145,19 +203,26 @@ class DistProgram(StepProgram):
         self.relay = Relay(self.log, self.codecs, sc.seed, self.payload_shape)
         mine = self.rank_map.boundaries(rank)
         responder = None
+        self.recompute = VerifierRecompute(self) if recomputes(sc) else None
         if sc.detector.name != "none":
-            self.relay.verifiers = build_verifiers(sc, self.mesh, None, self.relay.inflight, boundaries=mine)
+            self.relay.verifiers = build_verifiers(sc, self.mesh, self.recompute, self.relay.inflight, boundaries=mine)
             responder = Responder(sc.response, self.mesh, mode=sc.detector.mode)
             self.relay.responder = responder
         if rank == COORDINATOR:  # the malicious set, for scoring only: attacks run on the workers' ranks
             self.adversary = build_adversary(sc, _Shadow(self.workers))
-        wants = bool(getattr(DETECTORS.get(sc.detector.name), "wants_inputs", False))
+        wants = DETECTORS.get(sc.detector.name).wants_inputs
+        publish = white_box_attacks(sc) and sc.detector.name != "none"
         return VerifierChannel(self, self.comm, self.rank_map, self.relay, step_end, responder,
-                               self.mesh if rank == COORDINATOR else None, wants)
+                               self.mesh if rank == COORDINATOR else None, wants, self.recompute, publish)
 
     @property
     def verifiers(self) -> dict:
         return self.relay.verifiers if self.is_verifier else {}
+
+    def recomputed_messages(self) -> int:
+        """Messages recomputed on this verifier rank (on the coordinator after the job: on every verifier rank)."""
+        mine = sum(int(v.detector.checked) for v in self.verifiers.values())
+        return mine + sum(int(r.get("recomputed", 0)) for r in self.rank_stats)
 
     # -- evaluation: the reference replicas' weights go to the coordinator ------------------------------------
     def reference(self, stage_idx: int) -> int:
@@ -195,6 +260,13 @@ class DistProgram(StepProgram):
         """End of the job: tell every peer no more frames come, and wait for this rank's sends to complete."""
         self.channel.close()
         self.comm.flush()
+
+
+def recomputes(sc: Scenario) -> bool:
+    """Does the scenario's detector recompute messages (and so need the senders' weights on its verifiers)?"""
+    from sentinel.detectors.recompute import Duplication
+
+    return issubclass(DETECTORS.get(sc.detector.name), Duplication)
 
 
 class _Shadow:

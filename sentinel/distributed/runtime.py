@@ -18,7 +18,6 @@ import torch.distributed as dist
 
 from sentinel.distributed.comm import Comm
 from sentinel.errors import ConfigError
-from sentinel.registry import DETECTORS
 from sentinel.scenario import Scenario
 
 JOB_TIMEOUT = datetime.timedelta(hours=24)  # rank 0 may spend long between jobs (twins, plots, reports)
@@ -118,21 +117,5 @@ class Runtime:
 
 
 def check_supported(sc: Scenario) -> None:
-    """ConfigError for scenario features the distributed backend does not run (yet), with the reason."""
-    problems = []
-    try:
-        from sentinel.detectors.recompute import Duplication
-
-        if issubclass(DETECTORS.get(sc.detector.name), Duplication):
-            problems.append(f"detector.name: {sc.detector.name!r} recomputes messages with the sender's weights, "
-                            "which the distributed backend's verifier processes do not hold yet; use --backend sim or "
-                            "a statistical detector")
-    except ImportError:
-        pass
-    from attacks.validation import white_box_attacks
-
-    for path in white_box_attacks(sc):
-        problems.append(f"{path}: a white-box attack reads the verifiers' public state, which the distributed backend "
-                        "does not publish to worker processes yet; use --backend sim")
-    if problems:
-        raise ConfigError(sorted(set(problems)))
+    """ConfigError for scenario features the distributed backend does not run, with the reason (none today: kept
+    as the one place such a rule would go)."""

@@ -25,12 +25,16 @@ from __future__ import annotations
 
 import collections
 import zlib
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
 
 from sentinel.engine.hooks import StepHook
 from sentinel.transport.network import stragglers
+
+if TYPE_CHECKING:  # the step program calls these hooks; they do not import it at run time
+    from sentinel.engine.step import StepProgram, StepState
 
 
 class _History:
@@ -58,7 +62,7 @@ class Asynchrony(StepHook):
         self.applied: dict[str, int] = {}  # worker -> staleness used in the latest step
         self.stragglers: frozenset[str] = frozenset()
 
-    def attach(self, engine) -> None:
+    def attach(self, engine: StepProgram) -> None:
         self.stragglers = stragglers(self.net_cfg, self.seed, list(engine.workers.ids))
         for r in engine.replicas.values():
             self._hist(r)
@@ -84,7 +88,7 @@ class Asynchrony(StepHook):
         return int(rng.integers(0, c.max_staleness + 1))
 
     @torch.no_grad()
-    def before_pipeline(self, engine, st) -> None:
+    def before_pipeline(self, engine: StepProgram, st: StepState) -> None:
         self._current = {}
         for i, rep in engine.replicas.items():
             if not engine.workers.live[i]:
@@ -104,14 +108,14 @@ class Asynchrony(StepHook):
                 p.copy_(u)
 
     @torch.no_grad()
-    def before_update(self, engine, st) -> None:
+    def before_update(self, engine: StepProgram, st: StepState) -> None:
         for i, cur in self._current.items():
             for p, c in zip(engine.replicas[i].params, cur):
                 p.copy_(c)
         self._current = {}
 
     @torch.no_grad()
-    def after_update(self, engine, st) -> None:
+    def after_update(self, engine: StepProgram, st: StepState) -> None:
         for i, rep in engine.replicas.items():
             if not engine.workers.live[i]:
                 continue

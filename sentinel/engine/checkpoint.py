@@ -44,8 +44,7 @@ def latest(root: Path) -> Path | None:
 
 def stateful(program: StepProgram) -> dict:
     """The parts of a program whose state a checkpoint holds (beyond replicas, the worker table and the log)."""
-    relay = getattr(program, "relay", None)
-    return {"adversary": program.adversary, "relay": relay, "hooks": program.hooks,
+    return {"adversary": program.adversary, "relay": program.relay, "hooks": program.hooks,
             "codecs": list({id(c): c for c in program.codecs.values()}.values()),
             "dp_compressor": program.dp_compressor}
 
@@ -53,7 +52,7 @@ def stateful(program: StepProgram) -> dict:
 def check(program: StepProgram) -> None:
     """ConfigError naming the plug-in whose state cannot be checkpointed (before the run starts)."""
     try:
-        capture(stateful(program))
+        capture(stateful(program), exclude=(Replica, StepProgram))
     except StateError as exc:
         raise ConfigError(f"--checkpoint-every: {exc} (a checkpoint could not resume this run exactly)") from None
 
@@ -61,9 +60,8 @@ def check(program: StepProgram) -> None:
 def _table(program: StepProgram) -> dict:
     w = program.workers
     out = {"ids": list(w.ids), "stage": list(w.stage), "live": list(w.live), "next": list(w._next_replica)}
-    rank_map = getattr(program, "rank_map", None)
-    if rank_map is not None:
-        out["host"] = dict(rank_map.host)
+    if program.rank_map is not None:
+        out["host"] = dict(program.rank_map.host)
     return out
 
 
@@ -74,8 +72,9 @@ def save(program: StepProgram, root: Path, rank: int = 0) -> Path:
     program.log.save(d / f"rank{rank}_log")
     replicas = {r.wid: {"module": r.module.state_dict(), "optimizer": r.optimizer.state_dict()}
                 for r in program.replicas.values()}
-    state = {"step": program.step, "world": getattr(getattr(program, "rt", None), "world", 1),
-             "workers": _table(program), "replicas": replicas, "plugins": capture(stateful(program))}
+    state = {"step": program.step, "world": program.world,
+             "workers": _table(program), "replicas": replicas,
+             "plugins": capture(stateful(program), exclude=(Replica, StepProgram))}
     torch.save(state, d / f"rank{rank}.pt")
     return d
 
@@ -90,7 +89,7 @@ def load(program: StepProgram, ckpt: Path, rank: int = 0) -> None:
     if not path.is_file():
         raise RunError(f"--resume {ckpt}: no {path.name} there (was it written by another number of processes?)")
     state = torch.load(path, weights_only=True, map_location="cpu")
-    world = getattr(getattr(program, "rt", None), "world", 1)
+    world = program.world
     if state["world"] != world:
         raise RunError(f"checkpoint {ckpt} was written by {state['world']} processes; resume it with "
                        f"--nproc {state['world']} (this run has {world})")

@@ -15,20 +15,25 @@ the same four methods at the same points.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # the step program calls these hooks; they do not import it at run time
+    from sentinel.engine.step import StepProgram, StepState
+
 
 class StepHook:
     """No-op base: override the phases you need."""
 
-    def attach(self, engine) -> None:
+    def attach(self, engine: StepProgram) -> None:
         pass
 
-    def before_pipeline(self, engine, st) -> None:
+    def before_pipeline(self, engine: StepProgram, st: StepState) -> None:
         pass
 
-    def before_update(self, engine, st) -> None:
+    def before_update(self, engine: StepProgram, st: StepState) -> None:
         pass
 
-    def after_update(self, engine, st) -> None:
+    def after_update(self, engine: StepProgram, st: StepState) -> None:
         pass
 
 

@@ -178,6 +178,10 @@ class SimEngine(StepProgram):
     def responder(self):
         return self.relay.responder
 
+    def recomputed_messages(self) -> int:
+        """Messages a duplication-style detector recomputed (its `checked` count), over every boundary."""
+        return sum(int(v.detector.checked) for v in self.relay.verifiers.values())
+
     @property
     def bytes_sent(self) -> int:
         return self.relay.bytes_sent

@@ -18,10 +18,14 @@ With d = 0, none and delta are the plain average of the slice.
 from __future__ import annotations
 
 import math
+from typing import TYPE_CHECKING
 
 import torch
 
 from sentinel.engine.hooks import StepHook
+
+if TYPE_CHECKING:  # the step program calls these hooks; they do not import it at run time
+    from sentinel.engine.step import StepProgram, StepState
 
 
 def flat_slice(params, lo: int, hi: int) -> torch.Tensor:
@@ -63,7 +67,7 @@ class SparseAveraging(StepHook):
         self.step_bytes: dict[int, int] = {}
         self.bytes_sent = 0
 
-    def after_update(self, engine, st) -> None:
+    def after_update(self, engine: StepProgram, st: StepState) -> None:
         self.step_bytes = {}
         if (st.step + 1) % self.cfg.every == 0:
             for s in engine.placement.stages():
@@ -74,7 +78,7 @@ class SparseAveraging(StepHook):
         for _, s, lo, hi, avg, snaps in due:
             self._apply(engine, s, lo, hi, avg, snaps)
 
-    def _average(self, engine, step: int, s: int) -> None:
+    def _average(self, engine: StepProgram, step: int, s: int) -> None:
         """Every live replica of stage s contributes its slice (through the adversary, over the DP collective)."""
         live = engine.workers.live_in_stage(s)
         if len(live) < 2:
@@ -98,7 +102,7 @@ class SparseAveraging(StepHook):
         self.step_bytes[s] = 4 * (hi - lo)
         self.bytes_sent += 4 * (hi - lo) * len(rows)
 
-    def _apply(self, engine, s: int, lo: int, hi: int, avg: torch.Tensor, snaps: dict[str, torch.Tensor]) -> None:
+    def _apply(self, engine: StepProgram, s: int, lo: int, hi: int, avg: torch.Tensor, snaps: dict[str, torch.Tensor]) -> None:
         for i in engine.workers.live_in_stage(s):
             if i not in engine.replicas:
                 continue

@@ -159,6 +159,9 @@ class StepProgram:
             for i, (wid, s) in enumerate(zip(self.workers.ids, self.workers.stage)) if placement.hosts(wid)
         }
         self.dp_compressor = build_dp_compressor(scenario)  # None unless dp.compression is set
+        self.relay = None  # the verifier half of the transport, on a process that hosts verifiers
+        self.rank_map = None  # where workers live, on the distributed backend
+        self.world = 1  # processes in the run
         self.step = 0
         self.hooks: list[StepHook] = []
 

@@ -177,10 +177,11 @@ def test_canonical_order_does_not_depend_on_logging_order():
 
 
 # -- what the dist backend refuses, and the CLI ------------------------------------------------------------
-def test_features_the_dist_backend_does_not_run_are_config_errors():
-    check_supported(tiny())
-    with pytest.raises(ConfigError, match="recomputes messages"):
-        check_supported(tiny("detector.name=duplication"))
+def test_the_dist_backend_refuses_no_scenario_feature():
+    for overrides in ((), ("detector.name=duplication",), ("transport.async.max_staleness=2",),
+                      ("pipeline.replicas=3", "adversary.fraction=0.34", "detector.name=sentinel",
+                       "adversary.attacks=[{name: intermittent, attack: fence_evasion}]")):
+        check_supported(tiny(*overrides))
 
 
 def test_cli_dist_flags_are_checked_before_anything_starts(capsys, tmp_path):

@@ -87,8 +87,8 @@ def test_run_with_seeds_and_parallel_twins_equal_the_sequential_run(tmp_path, ca
     [
         (["--seeds", "0"], {}, "--seeds: 0 seeds; must be between 1 and 10000"),
         (["--seeds", "-3"], {}, "--seeds: -3 seeds"),
-        ([], {"seeds": [0, -1]}, "sweep.seeds[1]: -1; a seed must be between 0 and 2**63 - 1"),
-        ([], {"seeds": [2**63]}, "sweep.seeds[0]: 9223372036854775808"),
+        ([], {"seeds": [0, -1]}, "sweep.seeds[1]: must be >= 0, got -1"),
+        ([], {"seeds": [2**63]}, "sweep.seeds[0]: must be <= 9223372036854775807, got 9223372036854775808"),
         (["--set", f"seed={2**63 - 2}", "--seeds", "5"], {}, "seeds must stay below 2**63"),
         ([], {"seeds": [1, 1]}, "seeds [1] listed twice"),
         ([], {"reference": {"training.lr": 0.5}}, "sweep.reference.training.lr: 0.5 is not one of the grid's values"),

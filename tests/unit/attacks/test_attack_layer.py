@@ -199,25 +199,20 @@ def test_same_direction_colluders_share_one_direction():
     assert len(deltas) == 2 and torch.allclose(deltas[0], deltas[1], atol=1e-6)
 
 
-def test_runner_hands_the_verifiers_detector_view_to_the_adversary(monkeypatch):
-    class View:
-        def thresholds(self, boundary, role):
-            return {}
+def test_runner_hands_white_box_attacks_the_published_detector_state():
+    """The view reads a copy of the verifiers' detectors taken at the start of each step, never the live ones."""
+    from sentinel.detectors.verifier import DetectorView
 
-        def scores(self, boundary, role, payload):
-            return {}
-
-        def public_state(self):
-            return {}
-
-    import sentinel.runner
-
-    verifiers = {0: Recorder()}
-    monkeypatch.setattr(sentinel.runner, "build_defence", lambda sc, mesh, recompute=None, inputs=None: (verifiers, None))
-    monkeypatch.setattr(sentinel.runner, "detector_view", lambda v: View() if v is verifiers else None)
-    engine = tiny_engine({"fraction": 0.34, "attacks": [{"name": "fence_evasion"}]})
-    assert isinstance(engine.adversary.view, View)
-    assert isinstance(engine.adversary.entries[0].attack.view, View)
+    engine = tiny_engine({"fraction": 0.34, "attacks": [{"name": "fence_evasion"}]}, detector={"name": "sentinel"})
+    view = engine.adversary.entries[0].attack.view
+    assert isinstance(view, DetectorView) and engine.adversary.view is view
+    live = {b: v.detector for b, v in engine.verifiers.items()}
+    assert all(view._detectors[b] is not live[b] for b in live)  # copies
+    for _ in range(3):
+        engine.train_step()
+    b = 1
+    assert view._detectors[b]._streams.keys() <= live[b]._streams.keys()
+    assert len(view._detectors[b]._streams) > 0  # refreshed every step from the verifiers
 
 
 def test_norm_ratio_is_zero_safe():

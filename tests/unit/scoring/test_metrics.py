@@ -167,3 +167,13 @@ def test_per_worker_rows_and_metrics_csv_rows():
         1,
     )
     assert steps[1]["bans"] == 1 and steps[1]["banned"] == "s1r0" and steps[2]["bans"] == 0
+
+
+def test_a_worker_banned_for_an_injected_fault_is_a_true_ban():
+    """dist `--fault`: the fault's sender is not in the adversary's malicious list, but it sent the bad
+    message (ground truth `fault_shape`) and was banned for it: a true ban, and its fault was banned."""
+    log = _log([(0, 0, 0, A, "s0r0", "fault_shape", True), (0, 1, 0, A, "s0r1", None, False)])
+    log.log_ban(0, "s0r0")
+    w = worker_metrics(log, malicious=[])
+    assert w["false_bans"] == 0 and w["banned"] == ["s0r0"]
+    assert w["precision"] == 1.0 and w["recall"] == 1.0 and w["attacks_never_banned"] == []
