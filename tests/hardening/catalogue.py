@@ -589,9 +589,9 @@ def _cases() -> list[Case]:
             check=_nothing_written,
         )
         add(
-            f"{cmd}_dist_async",
-            lambda ws, cmd=cmd: [cmd, ws.scenario(transport={"async": {"max_staleness": 1}}), "--backend", "dist"],
-            expect="s.yaml: transport.async.max_staleness: asynchronous pipelines run on --backend sim",
+            f"{cmd}_dist_verifiers_zero",
+            lambda ws, cmd=cmd: [cmd, ws.scenario(), "--backend", "dist", "--verifiers", "0"],
+            expect="--verifiers 0: between 1 and",
             check=_nothing_written,
         )
         add(
