@@ -33,6 +33,7 @@ from typing import Any
 import numpy as np
 import yaml
 
+from sentinel import strictjson
 from sentinel.errors import ConfigError
 from sentinel.eventlog import EventLog
 from sentinel.scoring.metrics import checked_messages
@@ -213,7 +214,7 @@ def recommend_across(
     result["markdown"] = _markdown(table, ks, result, out)
     (out / "thresholds.md").write_text(result["markdown"])
     (out / "thresholds.json").write_text(
-        json.dumps({k: v for k, v in result.items() if k != "markdown"}, indent=2, default=str)
+        strictjson.dumps({k: v for k, v in result.items() if k != "markdown"}, indent=2)  # NaN / Inf -> null
     )
     return result
 
