@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import statistics
+import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -61,38 +62,75 @@ class PlainLoop:
 
 def time_steps(trainer, steps: int) -> float:
     """Seconds per step over `steps` steps (after one untimed warm-up step)."""
+    return time_steps_cpu(trainer, steps)[0]
+
+
+def time_steps_cpu(trainer, steps: int) -> tuple[float, float]:
+    """(wall, CPU) seconds per step over `steps` steps after one untimed warm-up step. CPU time is the
+    process's user + sys over all its threads: other processes on a loaded machine slow the wall clock,
+    not the CPU seconds this work needs (unless it spins), so the two ratios side by side say how far
+    the load distorted a wall-clock ratio."""
     trainer.train_step()
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.process_time()
     for _ in range(steps):
         trainer.train_step()
-    return (time.perf_counter() - t0) / steps
+    return (time.perf_counter() - t0) / steps, (time.process_time() - c0) / steps
 
 
-def alternate(factories: dict[str, Callable[[], object]], reps: int, steps: int,
-              after: Callable[[str, object, float], None] | None = None) -> dict[str, float]:
+THREADS = 1  # intra-op threads every timed configuration runs with (`sentinel bench --threads`)
+PROGRESS = None  # the progress `run_all` shows (one unit per timed configuration)
+
+
+def _tick(note: str) -> None:
+    if PROGRESS is not None:
+        PROGRESS.update(1, note)
+
+
+def alternate(
+    factories: dict[str, Callable[[], object]],
+    reps: int,
+    steps: int,
+    after: Callable[[str, object, float], None] | None = None,
+    cpu: dict[str, list[float]] | None = None,
+) -> dict[str, float]:
     """Median seconds per step of each trainer, timed in alternation to share the machine's noise.
 
-    `after(name, trainer, seconds_per_step)`, if given, sees each trainer once it has been timed."""
+    Every configuration runs with `THREADS` intra-op threads (pinned before each timing, so no
+    configuration inherits another's setting). `after(name, trainer, seconds_per_step)`, if given, sees
+    each trainer once it has been timed; `cpu`, if given, receives every repetition's CPU seconds per step."""
     times: dict[str, list[float]] = {k: [] for k in factories}
-    for _ in range(reps):
+    for rep in range(reps):
         for name, make in factories.items():
+            torch.set_num_threads(THREADS)
             trainer = make()
-            times[name].append(time_steps(trainer, steps))
+            wall, cpu_s = time_steps_cpu(trainer, steps)
+            times[name].append(wall)
+            if cpu is not None:
+                cpu.setdefault(name, []).append(cpu_s)
             if after is not None:
                 after(name, trainer, times[name][-1])
+            _tick(f"{name} {rep + 1}/{reps}")
     return {k: statistics.median(v) for k, v in times.items()}
+
+
+def _cpu_ratio(cpu: dict[str, list[float]], a: str, b: str) -> float:
+    """Median over repetitions of the paired CPU-time ratio a / b."""
+    return statistics.median(x / y for x, y in zip(cpu[a], cpu[b]))
 
 
 @benchmark
 def engine_overhead(quick: bool) -> dict:
     sc = load_bench("engine")
+    cpu: dict[str, list[float]] = {}
     t = alternate(
         {"plain": lambda: PlainLoop(sc), "engine": lambda: SimEngine(sc)},
         reps=2 if quick else 5,
         steps=3 if quick else 8,
+        cpu=cpu,
     )
     return {
         "engine_overhead": t["engine"] / t["plain"],
+        "engine_overhead_cpu": _cpu_ratio(cpu, "engine", "plain"),
         "engine_overhead_detail": {
             "plain_s_per_step": t["plain"],
             "sim_s_per_step": t["engine"],
@@ -106,11 +144,16 @@ def engine_overhead(quick: bool) -> dict:
 def scale_cost_ratio(quick: bool) -> dict:
     small = load_bench("scale", "pipeline.replicas=1")
     big = load_bench("scale", "pipeline.replicas=11")
+    cpu: dict[str, list[float]] = {}
     t = alternate(
-        {"16": lambda: SimEngine(small), "176": lambda: SimEngine(big)}, reps=1 if quick else 3, steps=2 if quick else 4
+        {"16": lambda: SimEngine(small), "176": lambda: SimEngine(big)},
+        reps=1 if quick else 3,
+        steps=2 if quick else 4,
+        cpu=cpu,
     )
     return {
         "scale_cost_ratio": t["176"] / t["16"],
+        "scale_cost_ratio_cpu": _cpu_ratio(cpu, "176", "16"),
         "scale_detail": {
             "workers_16_s_per_step": t["16"],
             "workers_176_s_per_step": t["176"],
@@ -158,11 +201,19 @@ def detector_overhead(quick: bool) -> dict:
         return statistics.median(a / b for a, b in zip(times[name], times["none"]))
 
     load_before = os.getloadavg()[0]
-    t = alternate({k: (lambda sc=sc: build_engine(sc)) for k, sc in configs.items()}, reps=reps, steps=steps,
-                  after=record)
+    cpu: dict[str, list[float]] = {}
+    t = alternate(
+        {k: (lambda sc=sc: build_engine(sc)) for k, sc in configs.items()},
+        reps=reps,
+        steps=steps,
+        after=record,
+        cpu=cpu,
+    )
     return {
         "detector_overhead": paired("sentinel"),
+        "detector_overhead_cpu": _cpu_ratio(cpu, "sentinel", "none"),
         "duplication_overhead": paired("duplication"),
+        "duplication_overhead_cpu": _cpu_ratio(cpu, "duplication", "none"),
         "detector_detail": {
             **{k + "_s_per_step": v for k, v in t.items()},
             "ratio_of_medians": {k: t[k] / t["none"] for k in ("sentinel", "duplication")},
@@ -191,8 +242,17 @@ def dist_vs_sim(quick: bool) -> dict:
     sc = load_bench("engine", *overrides)
     sim_s = alternate({"sim": lambda: SimEngine(sc)}, reps=1 if quick else 2, steps=steps - 1)["sim"]
     with tempfile.TemporaryDirectory() as tmp:
-        launch(str(SCENARIOS / "engine.yaml"), Path(tmp), overrides, nproc=4, options=Options(timeout_s=300),
-               quiet=True, timeout_s=900, output=Path(tmp) / "dist.log")
+        launch(
+            str(SCENARIOS / "engine.yaml"),
+            Path(tmp),
+            overrides,
+            nproc=4,
+            options=Options(timeout_s=300),
+            quiet=True,
+            timeout_s=900,
+            output=Path(tmp) / "dist.log",
+        )
+        _tick("dist run")
         timing = json.loads((Path(tmp) / "dist_timing.json").read_text())
         summary = json.loads((Path(tmp) / "summary.json").read_text())
     workers = [r for r in timing["ranks"] if r.get("role") == "worker"]
@@ -222,10 +282,19 @@ def _dist_timing(name: str, overrides: list[str], nproc: int, verifiers: int | N
     from sentinel.distributed.runtime import Options
 
     with tempfile.TemporaryDirectory() as tmp:
-        launch(str(SCENARIOS / f"{name}.yaml"), Path(tmp), overrides, nproc=nproc,
-               options=Options(timeout_s=300, verifiers=verifiers), quiet=True, timeout_s=1800,
-               output=Path(tmp) / "dist.log")
-        return json.loads((Path(tmp) / "dist_timing.json").read_text())
+        launch(
+            str(SCENARIOS / f"{name}.yaml"),
+            Path(tmp),
+            overrides,
+            nproc=nproc,
+            options=Options(timeout_s=300, verifiers=verifiers),
+            quiet=True,
+            timeout_s=1800,
+            output=Path(tmp) / "dist.log",
+        )
+        timing = json.loads((Path(tmp) / "dist_timing.json").read_text())
+    _tick(f"dist {name} on {nproc} processes")
+    return timing
 
 
 def _sim_s_per_step(name: str, overrides: list[str], steps: int) -> float:
@@ -253,10 +322,49 @@ def dist_scale(quick: bool) -> dict:
         "dist_scale": t176["s_per_step"] / t16["s_per_step"],
         "dist_vs_sim_176": t176["s_per_step"] / sim176,
         "dist_scale_detail": {
-            "dist_16_s_per_step": t16["s_per_step"], "dist_176_s_per_step": t176["s_per_step"],
-            "sim_176_s_per_step": sim176, "processes": t176["world"], "verifiers": t176["verifiers"],
+            "dist_16_s_per_step": t16["s_per_step"],
+            "dist_176_s_per_step": t176["s_per_step"],
+            "sim_176_s_per_step": sim176,
+            "processes": t176["world"],
+            "verifiers": t176["verifiers"],
             "verifier_messages_per_s_16": t16["verifier_messages_per_s"],
             "verifier_messages_per_s_176": t176["verifier_messages_per_s"],
+        },
+    }
+
+
+@benchmark
+def sweep_parallel_speedup(quick: bool) -> dict:
+    """Wall time of `sentinel sweep --jobs 1` over `--jobs 2` on the same small grid (scenarios/bench/sweep.yaml).
+
+    Each configuration runs the whole grid from an empty folder with `THREADS` intra-op threads per run
+    (pinned, `--threads`), so the ratio is what the second process buys; goal >= 1.8 on 2 cores. (The
+    default thread policy gives a `--jobs 1` run all the cores; on a loaded machine two threads per tiny
+    run were several times slower than one, which would inflate this ratio.) Wall-clock only: the CPU
+    time of the pool's processes is not visible from here.
+    """
+    import tempfile
+
+    from sentinel.parallel import cpu_count
+    from sentinel.sweep import run_sweep
+
+    overrides = ["training.steps=12", "training.eval_every=12"] if quick else []
+    wall = {}
+    for jobs in (1, 2):
+        with tempfile.TemporaryDirectory() as tmp:
+            t0 = time.perf_counter()
+            run_sweep(SCENARIOS / "sweep.yaml", Path(tmp), overrides, jobs=jobs, threads=THREADS, progress=False)
+            wall[jobs] = time.perf_counter() - t0
+        torch.set_num_threads(THREADS)
+        _tick(f"sweep --jobs {jobs}")
+    return {
+        "sweep_parallel_speedup": wall[1] / wall[2],
+        "sweep_parallel_detail": {
+            "jobs1_s": wall[1],
+            "jobs2_s": wall[2],
+            "cores": cpu_count(),
+            "threads_per_run": THREADS,
+            "points": len(load_bench("sweep").sweep.grid["detector.k"]),
         },
     }
 
@@ -269,15 +377,60 @@ def dist_detector_overhead(quick: bool) -> dict:
     steps = 4 if quick else 12
     common = ["pipeline.stages=3", f"training.steps={steps}", f"training.eval_every={steps}"]
     off = _dist_timing("engine", common, nproc=5)
-    on = _dist_timing("engine", [*common, "detector.name=sentinel", "detector.warmup_steps=1",
-                                 "response.on_flag=accept"], nproc=5)
-    return {"dist_detector_overhead": on["s_per_step"] / off["s_per_step"],
-            "dist_detector_detail": {"off_s_per_step": off["s_per_step"], "on_s_per_step": on["s_per_step"],
-                                     "verifier_s": sum(r.get("verifier_s", 0.0) for r in on["ranks"]) / steps}}
+    on = _dist_timing(
+        "engine", [*common, "detector.name=sentinel", "detector.warmup_steps=1", "response.on_flag=accept"], nproc=5
+    )
+    return {
+        "dist_detector_overhead": on["s_per_step"] / off["s_per_step"],
+        "dist_detector_detail": {
+            "off_s_per_step": off["s_per_step"],
+            "on_s_per_step": on["s_per_step"],
+            "verifier_s": sum(r.get("verifier_s", 0.0) for r in on["ranks"]) / steps,
+        },
+    }
 
 
-def run_all(quick: bool = False) -> dict:
-    out: dict = {"quick": quick, "torch_threads": torch.get_num_threads()}
-    for fn in BENCHMARKS:
-        out.update(fn(quick))
+UNITS = {  # timed configurations per benchmark (quick, full): the progress bar's units
+    "engine_overhead": (4, 10),
+    "scale_cost_ratio": (2, 6),
+    "detector_overhead": (6, 21),
+    "dist_vs_sim": (2, 3),
+    "sweep_parallel_speedup": (2, 2),
+    "dist_scale": (3, 3),
+    "dist_detector_overhead": (2, 2),
+}
+
+
+def run_all(quick: bool = False, threads: int = 1) -> dict:
+    """Every benchmark, with the 1-minute load average before and after each; a figure taken while the load
+    exceeded the core count is flagged (`flags`): it measures the other processes as much as this code."""
+    global PROGRESS, THREADS
+    from sentinel.parallel import cpu_count
+    from sentinel.progress import Progress
+
+    THREADS = threads
+    cores = cpu_count()
+    out: dict = {"quick": quick, "torch_threads": threads, "cores": cores, "load_avg_1min": {}, "flags": {}}
+    PROGRESS = Progress(
+        sum(UNITS.get(fn.__name__, (1, 1))[0 if quick else 1] for fn in BENCHMARKS), "bench", unit="timings"
+    )
+    try:
+        for fn in BENCHMARKS:
+            before = os.getloadavg()[0]
+            print(f"[bench] {fn.__name__}: load average {before:.2f} on {cores} cores", file=sys.stderr, flush=True)
+            figures = fn(quick)
+            after = os.getloadavg()[0]
+            print(f"[bench] {fn.__name__}: done; load average {after:.2f}", file=sys.stderr, flush=True)
+            out["load_avg_1min"][fn.__name__] = [round(before, 2), round(after, 2)]
+            if max(before, after) > cores:
+                for key, value in figures.items():
+                    if isinstance(value, (int, float)):
+                        out["flags"][key] = (
+                            f"taken at a load average of {max(before, after):.1f} > {cores} cores: "
+                            "other processes shared the cores; rerun on an idle machine"
+                        )
+            out.update(figures)
+    finally:
+        PROGRESS.close()
+        PROGRESS = None
     return out

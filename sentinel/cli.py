@@ -26,22 +26,68 @@ class _Parser(argparse.ArgumentParser):
 
 def cmd_run(args: argparse.Namespace) -> int:
     from sentinel import preflight, runner
+    from sentinel.parallel import check_jobs, set_threads, thread_count
 
+    _check_seeds(args.seeds)
+    check_jobs(args.jobs)
+    if args.seeds is not None:  # the seeds' range is checked with the scenario (sweep.seeds)
+        args.set = [*args.set, f"sweep.seeds={args.seeds}"]
     plan = preflight.check(preflight.Request.from_args(args, "run"))  # exit 2 before anything is written
     sc, out = plan.scenario, plan.out
+    if args.seeds is not None:
+        return _run_seeds(args, sc, out)
     if args.backend == "dist":
         from sentinel.distributed.launch import launch, options_from_cli
 
-        summary = launch(args.scenario, out, args.set, nproc=args.nproc, options=options_from_cli(args),
-                         quiet=args.quiet)
+        if args.jobs not in (None, 1):
+            raise ConfigError("--jobs: only with --backend sim (the dist backend places its own processes)")
+        summary = launch(
+            args.scenario, out, args.set, nproc=args.nproc, options=options_from_cli(args), quiet=args.quiet
+        )
     else:
-        summary = runner.run(sc, out, progress=None if not args.quiet else False, backend=args.backend,
-                             checkpoint_every=args.checkpoint_every, resume=args.resume)
+        jobs = args.jobs or 1
+        set_threads(thread_count(jobs, args.threads)[0])
+        summary = runner.run(
+            sc,
+            out,
+            progress=None if not args.quiet else False,
+            backend=args.backend,
+            checkpoint_every=args.checkpoint_every,
+            resume=args.resume,
+            jobs=jobs,
+        )
     t = summary["training"]
     print(
         f"{sc.name}: val loss {t['initial_val_loss']:.4f} -> {t['final_val_loss']:.4f} "
         f"in {summary['cost']['wall_s']:.1f} s; results in {out}"
     )
+    return 0
+
+
+def _check_seeds(n: int | None) -> None:
+    from sentinel.sweep.plan import MAX_SEEDS
+
+    if n is not None and not 1 <= n <= MAX_SEEDS:
+        raise ConfigError(f"--seeds: {n} seeds; must be between 1 and {MAX_SEEDS} (e.g. --seeds 5)")
+
+
+def _run_seeds(args: argparse.Namespace, sc, out: Path) -> int:
+    """`sentinel run --seeds N`: the run and its twins per seed, plus the seed summary (a one-point sweep)."""
+    from sentinel import sweep
+
+    _check_seeds(args.seeds)
+    if args.backend != "sim":
+        raise ConfigError("--seeds: only with --backend sim; run the dist backend once per seed (--set seed=S)")
+    sweep.run_seeds(
+        args.scenario,
+        out,
+        args.set,  # holds sweep.seeds=N
+        jobs=args.jobs,
+        threads=args.threads,
+        progress=not args.quiet,
+    )
+    print((out / "sweep.md").read_text().split("<details>")[0], end="")
+    print(f"{sc.name}: {args.seeds} seeds; per-seed folders, sweep.csv, sweep_summary.csv and report.md in {out}")
     return 0
 
 
@@ -89,7 +135,7 @@ def _describe_scenario(prefix: str) -> int:
 def cmd_describe(args: argparse.Namespace) -> int:
     name = args.name
     if name == "scenario" or name.startswith("scenario."):
-        return _describe_scenario(name[len("scenario."):])
+        return _describe_scenario(name[len("scenario.") :])
     kind = None
     if "/" in name:
         kind, name = name.split("/", 1)
@@ -104,8 +150,11 @@ def cmd_describe(args: argparse.Namespace) -> int:
         if info["params"]:
             print("parameters:")
             for p in info["params"]:
-                print(f"  {p['name']}: {p['type']} = {p['default']!r}" + (f"  [{p['range']}]" if p.get("range") else "")
-                      + (f"  # {p['help']}" if p["help"] else ""))
+                print(
+                    f"  {p['name']}: {p['type']} = {p['default']!r}"
+                    + (f"  [{p['range']}]" if p.get("range") else "")
+                    + (f"  # {p['help']}" if p["help"] else "")
+                )
         else:
             print("parameters: none")
     return 0
@@ -114,53 +163,101 @@ def cmd_describe(args: argparse.Namespace) -> int:
 def cmd_sweep(args: argparse.Namespace) -> int:
     from sentinel import preflight, sweep
 
+    _check_seeds(args.seeds)
+    sweep.check_executor(args.executor, args.address)
     if args.jobs is not None and not 1 <= args.jobs <= 256:
         raise ConfigError(f"--jobs {args.jobs}: parallel processes, 1 to 256")
+    if args.seeds is not None:
+        args.set = [*args.set, f"sweep.seeds={args.seeds}"]
     out = preflight.check(preflight.Request.from_args(args, "sweep")).out  # every point, before any runs
-    rows = sweep.run_sweep(args.scenario, out, args.set, jobs=args.jobs)
-    print((out / "sweep.md").read_text(), end="")
-    print(f"{len(rows)} grid points; table and plots in {out}")
+    rows = sweep.run_sweep(
+        args.scenario,
+        out,
+        args.set,
+        jobs=args.jobs,
+        threads=args.threads,
+        executor=args.executor,
+        address=args.address,
+        progress=not args.quiet,
+    )
+    print((out / "sweep.md").read_text().split("<details>")[0], end="")  # the main table; details in the file
+    print(f"{len(rows)} runs; tables (sweep.csv, sweep_summary.csv, sweep_groups.csv), report.md and plots in {out}")
     return 0
 
 
 def cmd_report(args: argparse.Namespace) -> int:
     from sentinel import preflight
+    from sentinel.progress import Progress
     from sentinel.scoring import report
 
     if args.out:
         preflight.check_out_file(args.out, "--out")
+    if args.csv:
+        preflight.check_out_file(args.csv, "--csv")
     good, bad = [], 0
-    for d in args.dirs:  # a bad folder is named and skipped; the others are still rebuilt
-        try:
-            report.rebuild(Path(d))
-        except ConfigError as exc:
-            bad += 1
-            for line in exc.problems:
-                print(f"error: {line}", file=sys.stderr)
-            continue
-        good.append(Path(d))
-        print(f"rebuilt {d}/summary.json and {d}/report.md")
+    bar = Progress(len(args.dirs), "report", unit="folders", enabled=len(args.dirs) > 1)
+    try:
+        for d in args.dirs:  # a bad folder is named and skipped; the others are still rebuilt
+            try:
+                report.rebuild(Path(d))
+            except ConfigError as exc:
+                bad += 1
+                for line in exc.problems:
+                    print(f"error: {line}", file=sys.stderr)
+                continue
+            finally:
+                bar.update(1, str(d))
+            good.append(Path(d))
+            print(f"rebuilt {d}/summary.json and {d}/report.md")
+    finally:
+        bar.close()
     if len(good) > 1:
         table = report.combined_table(good)
         print(table, end="")
         if args.out:
             Path(args.out).write_text(table)
+    if args.csv and good:
+        report.write_combined_csv(good, Path(args.csv))
+        print(f"combined table (one row per folder) in {args.csv}")
     if bad:
-        print(f"error: {bad} of {len(args.dirs)} folders could not be read (above); the others were rebuilt",
-              file=sys.stderr)
+        print(
+            f"error: {bad} of {len(args.dirs)} folders could not be read (above); the others were rebuilt",
+            file=sys.stderr,
+        )
     return 2 if bad else 0
+
+
+def cmd_thresholds(args: argparse.Namespace) -> int:
+    from sentinel.scoring import thresholds
+
+    result = thresholds.recommend_across(
+        [Path(d) for d in args.dirs],
+        target_fpr=args.target_fpr,
+        min_recall=args.min_recall,
+        bound=args.fpr_bound,
+        out=Path(args.out) if args.out else None,
+    )
+    print(result["markdown"], end="")
+    return 0
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
     from sentinel import bench
 
-    print(strictjson.dumps(bench.run_all(quick=args.quick), indent=2))
+    if args.threads is not None and args.threads < 1:
+        raise ConfigError(f"--threads: {args.threads}; must be >= 1 (e.g. --threads 1)")
+    print(strictjson.dumps(bench.run_all(quick=args.quick, threads=args.threads or 1), indent=2))
     return 0
 
 
 def _budget_flags(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--max-memory", type=float, default=None, metavar="GIB",
-                   help="memory budget in GiB (default: this machine's available memory)")
+    p.add_argument(
+        "--max-memory",
+        type=float,
+        default=None,
+        metavar="GIB",
+        help="memory budget in GiB (default: this machine's available memory)",
+    )
     p.add_argument("--force", action="store_true", help="run even if the memory estimate exceeds the budget")
 
 
@@ -170,10 +267,19 @@ def _run_flags(r: argparse.ArgumentParser) -> None:
     r.add_argument("--out", help="result folder (default: runs/NAME-TIMESTAMP)")
     r.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a scenario key")
     r.add_argument("--backend", choices=["sim", "dist"], default="sim")
-    r.add_argument("--nproc", type=int, default=None,
-                   help="processes for --backend dist (default: one per worker plus one verifier per boundary)")
-    r.add_argument("--verifiers", type=int, default=None, metavar="V",
-                   help="dist: verifier processes (default: one per stage boundary, as --nproc allows)")
+    r.add_argument(
+        "--nproc",
+        type=int,
+        default=None,
+        help="processes for --backend dist (default: one per worker plus one verifier per boundary)",
+    )
+    r.add_argument(
+        "--verifiers",
+        type=int,
+        default=None,
+        metavar="V",
+        help="dist: verifier processes (default: one per stage boundary, as --nproc allows)",
+    )
     r.add_argument("--timeout", type=float, default=60.0, help="dist: seconds before a silent rank counts as stalled")
     r.add_argument("--checkpoint-every", type=int, default=0, metavar="N", help="checkpoint every N steps")
     r.add_argument("--resume", metavar="DIR", help="resume from the newest checkpoint of a previous run folder")
@@ -187,31 +293,94 @@ def make_parser() -> argparse.ArgumentParser:
     r = sub.add_parser("run", help="run a scenario (plus its twins) and write a result folder")
     _run_flags(r)
     r.add_argument("--quiet", action="store_true", help="no progress output")
+    r.add_argument(
+        "--seeds",
+        type=int,
+        default=None,
+        metavar="N",
+        help="run for N seeds (seed..seed+N-1), each with its twins; adds a seed summary with 95%% CIs",
+    )
+    r.add_argument(
+        "--jobs",
+        type=int,
+        default=None,
+        metavar="N",
+        help="processes for the run and its twins (with --seeds: runs in parallel); default 1",
+    )
+    r.add_argument(
+        "--threads",
+        type=int,
+        default=None,
+        metavar="N",
+        help="intra-op threads per process (default: OMP_NUM_THREADS, else cores // jobs)",
+    )
     r.set_defaults(fn=cmd_run)
-    v = sub.add_parser("validate", help="check a scenario (and run's flags) as `run` and `sweep` would; exit 2 "
-                       "with located errors; print the cost estimate")
+    v = sub.add_parser(
+        "validate",
+        help="check a scenario (and run's flags) as `run` and `sweep` would; exit 2 "
+        "with located errors; print the cost estimate",
+    )
     _run_flags(v)
     v.set_defaults(fn=cmd_validate)
     ls = sub.add_parser("list", help="registered plugins")
     ls.add_argument("kind", nargs="?")
     ls.set_defaults(fn=cmd_list)
-    d = sub.add_parser("describe", help="a plugin's parameters and docs (NAME or KIND/NAME); `scenario` lists "
-                       "every scenario key with its default and range")
+    d = sub.add_parser(
+        "describe",
+        help="a plugin's parameters and docs (NAME or KIND/NAME); `scenario` lists "
+        "every scenario key with its default and range",
+    )
     d.add_argument("name")
     d.set_defaults(fn=cmd_describe)
     sw = sub.add_parser("sweep", help="run the scenario's sweep.grid (resumable); one table and plots")
     sw.add_argument("scenario")
     sw.add_argument("--out", help="sweep folder (default: runs/NAME-sweep-TIMESTAMP); rerun it to resume")
     sw.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
-    sw.add_argument("--jobs", type=int, default=None, help="parallel processes, one thread each (default: one per core)")
+    sw.add_argument("--jobs", type=int, default=None, help="parallel processes (default: one per core)")
+    sw.add_argument("--seeds", type=int, default=None, metavar="N", help="every point for N seeds (sweep.seeds)")
+    sw.add_argument(
+        "--threads",
+        type=int,
+        default=None,
+        metavar="N",
+        help="intra-op threads per run (default: OMP_NUM_THREADS, else cores // jobs)",
+    )
+    sw.add_argument(
+        "--executor",
+        choices=["local", "ray"],
+        default="local",
+        help="local processes, or Ray tasks (pip install -e '.[ray]')",
+    )
+    sw.add_argument("--address", default=None, help="ray: the cluster's address (HOST:PORT; default: a local Ray)")
+    sw.add_argument("--quiet", action="store_true", help="no progress output")
     _budget_flags(sw)
     sw.set_defaults(fn=cmd_sweep)
     rp = sub.add_parser("report", help="rebuild summary and report of saved result folders; combine several")
     rp.add_argument("dirs", nargs="+")
     rp.add_argument("--out", help="write the combined table (markdown) here")
+    rp.add_argument("--csv", metavar="FILE", help="write the combined table as CSV (one row per folder) here")
     rp.set_defaults(fn=cmd_report)
+    th = sub.add_parser("thresholds", help="one detector threshold across attacks and seeds (open-loop runs, sweeps)")
+    th.add_argument("dirs", nargs="+", metavar="DIR", help="open-loop result folders, sweeps or `run --seeds` folders")
+    th.add_argument("--target-fpr", type=float, default=0.01, help="clean-message FPR to keep (default 0.01)")
+    th.add_argument("--min-recall", type=float, default=0.9, help="recall every attack must keep (default 0.9)")
+    th.add_argument(
+        "--fpr-bound",
+        choices=["mean", "upper"],
+        default="mean",
+        help="meet the target with the mean clean FPR over seeds, or with its 95%% upper bound",
+    )
+    th.add_argument("--out", help="folder for thresholds.md/.csv/.json and thresholds.png (default: the first DIR)")
+    th.set_defaults(fn=cmd_thresholds)
     b = sub.add_parser("bench", help="performance benchmarks, printed as JSON ratios")
     b.add_argument("--quick", action="store_true", help="fewer repetitions (a smoke run)")
+    b.add_argument(
+        "--threads",
+        type=int,
+        default=None,
+        metavar="N",
+        help="intra-op threads every timed configuration is pinned to (default 1)",
+    )
     b.set_defaults(fn=cmd_bench)
     return p
 

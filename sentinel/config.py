@@ -118,11 +118,17 @@ def _convert(value: Any, tp: Any, path: str, problems: _Problems, meta: Mapping[
         non_none = [a for a in args if a is not type(None)]
         if len(non_none) == 1:
             return _convert(value, non_none[0], path, problems, meta)
+        trials = {}
         for a in non_none:  # first type that converts cleanly
             trial = _Problems()
             out = _convert(value, a, path, trial, meta)
             if not trial.items:
                 return out
+            trials[a] = trial
+        shaped = [a for a in non_none if typing.get_origin(a) is tuple] if isinstance(value, (list, tuple)) else []
+        if len(shaped) == 1:  # a list for an `int | tuple[int, ...]` field: its items' own located problems
+            problems.items.extend(trials[shaped[0]].items)
+            return None
         problems.add(path, f"expected one of {', '.join(_type_name(a) for a in non_none)}, got {_describe(value)}")
         return None
     if origin is Literal:

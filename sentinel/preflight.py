@@ -168,7 +168,7 @@ def check_sweep(req: Request, limit: int | None, source: str) -> list[dict]:
         )
     points = sweep.grid_points(base)
     for p in points:
-        overrides = list(req.set) + sweep._overrides(p)
+        overrides = list(req.set) + sweep.plan.overrides(p)
         try:
             sc = scenario_mod.load(req.scenario, overrides)
             try:

@@ -18,10 +18,11 @@ import functools
 import hashlib
 import json
 import shutil
-import sys
 import time
 import traceback
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import yaml
 
@@ -36,6 +37,7 @@ from sentinel.engine.sim import SimEngine
 from sentinel.engine.step import StepProgram, StepState
 from sentinel.errors import RunError
 from sentinel.eventlog import EventLog
+from sentinel.progress import JobProgress, Progress
 from sentinel.scenario import Scenario
 from sentinel.scoring.metrics import impact_metrics
 from sentinel.scoring.report import finish
@@ -82,37 +84,34 @@ def twin_scenario(scenario: Scenario, kind: str) -> Scenario:
     return dataclasses.replace(scenario, detector=build(DetectorSpec, "none"), name=f"{scenario.name}:undefended")
 
 
-class _Progress:
-    """tqdm bar on a terminal; otherwise a line on stderr every ~10% of the run."""
+def _Progress(total: int, label: str, progress):
+    """The `on_step(step, loss, val)` callback of one training (also used by the dist backend's trainer).
 
-    def __init__(self, total: int, label: str, enabled: bool | None):
-        self.total, self.label = total, label
-        self.enabled = sys.stderr.isatty() if enabled is None else enabled
-        self.bar = None
-        if self.enabled and sys.stderr.isatty():
-            from tqdm import tqdm
-
-            self.bar = tqdm(total=total, desc=label, unit="step", leave=False, file=sys.stderr)
-        self.every = max(1, total // 10)
-        self.last_val: float | None = None
-
-    def __call__(self, step: int, loss: float, val: float | None) -> None:
-        if val is not None:
-            self.last_val = val
-        if self.bar is not None:
-            self.bar.update(1)
-            self.bar.set_postfix(loss=f"{loss:.3f}", val=f"{self.last_val:.3f}" if self.last_val else "-")
-        elif self.enabled and (step % self.every == 0 or step == self.total):
-            val_txt = f" val {self.last_val:.4f}" if self.last_val is not None else ""
-            print(f"[{self.label}] step {step}/{self.total} loss {loss:.4f}{val_txt}", file=sys.stderr, flush=True)
-
-    def close(self) -> None:
-        if self.bar is not None:
-            self.bar.close()
+    `progress`: a shared progress (`sentinel.progress.Progress` or `QueueProgress`: this training's steps
+    count there), or a flag for a progress of its own (False: silent; None or True: a bar on a terminal,
+    lines with an ETA otherwise).
+    """
+    if hasattr(progress, "job"):
+        return progress.job(label, total)
+    return JobProgress(Progress(total, label, enabled=progress is not False), label, total, owned=True)
 
 
-def train(scenario: Scenario, out_dir: Path | None, progress: bool | None = None, label: str = "run", *,
-          checkpoint_every: int = 0, resume: Path | None = None, top: Path | None = None) -> tuple:
+def _planned_steps(scenario: Scenario) -> int:
+    """Training steps `run` will do: the run, its twins and (open loop) the confirmation."""
+    confirm = scenario.detector.mode == "open_loop" and scenario.scoring.confirm
+    return scenario.training.steps * (1 + len(scenario.scoring.twins) + int(confirm))
+
+
+def train(
+    scenario: Scenario,
+    out_dir: Path | None,
+    progress: bool | None = None,
+    label: str = "run",
+    *,
+    checkpoint_every: int = 0,
+    resume: Path | None = None,
+    top: Path | None = None,
+) -> tuple:
     """Train one scenario; save its EventLog (also on failure). Returns (engine, result, wall_s).
 
     `checkpoint_every` N: a checkpoint every N steps and after the last under OUT_DIR/checkpoints/; `resume`: the
@@ -156,6 +155,12 @@ def train(scenario: Scenario, out_dir: Path | None, progress: bool | None = None
     return engine, result, time.perf_counter() - t0
 
 
+def twin_key(sc: Scenario, label: str) -> str:
+    """The twin cache entry of a twin scenario: its label and a hash of the scenario apart from its name."""
+    plain = {k: v for k, v in sc.to_dict().items() if k not in ("name", "description", "sweep")}
+    return f"{label}-{hashlib.sha256(json.dumps(plain, sort_keys=True, default=str).encode()).hexdigest()[:16]}"
+
+
 def run_twin(sc: Scenario, out_dir: Path, trainer, progress, label: str, cache: Path | None) -> EventLog:
     """Train a twin, or reuse an identical one from `cache` (a sweep over attacks shares one clean twin).
 
@@ -165,9 +170,7 @@ def run_twin(sc: Scenario, out_dir: Path, trainer, progress, label: str, cache: 
     if cache is None:
         engine, _, _ = trainer(sc, out_dir, progress, label=label)
         return engine.log
-    plain = {k: v for k, v in sc.to_dict().items() if k not in ("name", "description", "sweep")}
-    key = hashlib.sha256(json.dumps(plain, sort_keys=True, default=str).encode()).hexdigest()[:16]
-    entry = Path(cache) / f"{label}-{key}"
+    entry = Path(cache) / twin_key(sc, label)
     entry.parent.mkdir(parents=True, exist_ok=True)
     with open(entry.with_suffix(".lock"), "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)  # released when this process exits, even on a crash
@@ -180,30 +183,102 @@ def run_twin(sc: Scenario, out_dir: Path, trainer, progress, label: str, cache: 
     return EventLog.load(out_dir)
 
 
-def run(scenario: Scenario, out_dir: Path, progress: bool | None = None, backend: str = "sim", trainer=None,
-        twin_cache: Path | None = None, checkpoint_every: int = 0, resume: Path | None = None) -> dict:
+def _twin_task(task: tuple, sink) -> str:
+    """Pool task: one twin (scenario as a dict, folder, label, cache) trained or reused; returns its folder."""
+    from sentinel import scenario as scenario_mod
+
+    data, out_dir, label, cache = task
+    run_twin(scenario_mod.validate(data), Path(out_dir), train, sink, label, Path(cache) if cache else None)
+    return out_dir
+
+
+def run_twins(
+    scenario: Scenario, out_dir: Path, trainer, progress, cache: Path | None, jobs: int, main: Callable[[], Any]
+) -> tuple[dict[str, EventLog], Any]:
+    """The twins of `scenario` and `main()` (the run itself); with `jobs > 1` the twins train in
+    `jobs - 1` processes of the shared pool while `main()` trains here (the plain `train` only: a custom
+    trainer, checkpoints or a resume keep the twins in this process). Returns (twin logs, main's result)."""
+    from sentinel.parallel import TaskPool, thread_count
+
+    kinds = list(scenario.scoring.twins)
+    if jobs <= 1 or not kinds:
+        twins = {
+            k: run_twin(twin_scenario(scenario, k), out_dir / f"twin_{k}", trainer, progress, k, cache) for k in kinds
+        }
+        return twins, main()
+    tasks = [
+        (twin_scenario(scenario, k).to_dict(), str(out_dir / f"twin_{k}"), k, str(cache) if cache else None)
+        for k in kinds
+    ]
+    failures = []
+    with TaskPool(_twin_task, tasks, jobs - 1, progress, thread_count(jobs)[0], inline=False) as pool:
+        result = main()
+        for task, _, error in pool.results():
+            if error is not None:
+                failures.append(f"twin {task[2]}: {error}")
+    if failures:
+        raise RunError("; ".join(failures))
+    return {k: EventLog.load(out_dir / f"twin_{k}") for k in kinds}, result
+
+
+def run(
+    scenario: Scenario,
+    out_dir: Path,
+    progress=None,
+    backend: str = "sim",
+    trainer=None,
+    twin_cache: Path | None = None,
+    checkpoint_every: int = 0,
+    resume: Path | None = None,
+    jobs: int = 1,
+) -> dict:
     """Run the scenario (and its twins) and write the result folder. Returns the summary.
 
     `trainer` replaces `train` (same signature and contract); the dist backend passes its own (with its own
     checkpoint options). `twin_cache`: a folder where identical twins are shared between runs (sweeps).
     `checkpoint_every`, `resume`: checkpoints of every job (run, twins, confirmation) and resuming from them.
+    `progress`: a shared progress the run's steps count in (sweeps), or a flag: False silent, None/True
+    one progress over the run, its twins and its confirmation (bar on a terminal, lines otherwise).
+    `jobs`: processes for the twins and the run together (`sentinel run --jobs`; sim without checkpoints).
     """
     out_dir = Path(out_dir)
+    if trainer is not None or checkpoint_every or resume is not None:
+        jobs = 1  # the twins' processes run the plain `train`
     trainer = trainer or functools.partial(train, checkpoint_every=checkpoint_every, resume=resume, top=out_dir)
+    own = not hasattr(progress, "job")
+    bar = Progress(_planned_steps(scenario), scenario.name, enabled=progress is not False) if own else progress
+    try:
+        return _run(scenario, out_dir, bar, backend, trainer, twin_cache, jobs)
+    finally:
+        if own:
+            bar.close()
+
+
+def _run(
+    scenario: Scenario, out_dir: Path, progress, backend: str, trainer, twin_cache: Path | None, jobs: int
+) -> dict:
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / "scenario.yaml").write_text(yaml.safe_dump(scenario.to_dict(), sort_keys=False))
     t0 = time.perf_counter()
-    twins = {}
-    for kind in scenario.scoring.twins:
-        twins[kind] = run_twin(twin_scenario(scenario, kind), out_dir / f"twin_{kind}", trainer, progress, kind,
-                               twin_cache)
-    engine, result, _ = trainer(scenario, out_dir, progress, label=scenario.name)
+    twins, (engine, result, _) = run_twins(
+        scenario,
+        out_dir,
+        trainer,
+        progress,
+        twin_cache,
+        jobs,
+        lambda: trainer(scenario, out_dir, progress, label=scenario.name),
+    )
     sc, p = scenario, scenario.pipeline
     tokens_per_step = p.microbatches * sc.data.batch_size * sc.model.seq_len
     impact = impact_metrics(engine.log, twins, engine.data.optimum_loss, tokens_per_step) if twins else None
     log = engine.log
-    log.meta.update(malicious=malicious_workers(engine), optimum_loss=engine.data.optimum_loss, backend=backend,
-                    threshold_rule=threshold_rule(scenario))  # `sentinel report` re-scores without plug-in code
+    log.meta.update(
+        malicious=malicious_workers(engine),
+        optimum_loss=engine.data.optimum_loss,
+        backend=backend,
+        threshold_rule=threshold_rule(scenario),
+    )  # `sentinel report` re-scores without plug-in code
     net = network_report(engine)  # {} when transport.network.enabled is false
     log.meta["transport"] = net
     summary = build_summary(
@@ -224,6 +299,8 @@ def run(scenario: Scenario, out_dir: Path, progress: bool | None = None, backend
     summary["cost"]["recomputed_messages"] = engine.recomputed_messages()  # duplication-style detectors
     log.save(out_dir)
     confirm = confirm_scenario(scenario, summary)
+    if confirm is None and scenario.detector.mode == "open_loop" and scenario.scoring.confirm:
+        progress.update(scenario.training.steps, "no confirmation run")  # planned, not needed
     if confirm is not None:  # open loop: confirm the recommended threshold in closed loop
         c_engine, _, _ = trainer(confirm, out_dir / "confirm", progress, label="confirm")
         c_engine.log.meta.update(malicious=malicious_workers(c_engine), backend=backend)
@@ -231,8 +308,12 @@ def run(scenario: Scenario, out_dir: Path, progress: bool | None = None, backend
         (out_dir / "confirm" / "scenario.yaml").write_text(yaml.safe_dump(confirm.to_dict(), sort_keys=False))
         rule = summary["detection"]["roc"]["rule"]
         summary["detection"]["roc"]["confirmation"] = confirmation_metrics(
-            c_engine.log, malicious_workers(c_engine), rule["recommended"], rule["threshold_key"],
-            rule["recommended"]["threshold"])
+            c_engine.log,
+            malicious_workers(c_engine),
+            rule["recommended"],
+            rule["threshold_key"],
+            rule["recommended"]["threshold"],
+        )
     return finish(out_dir, log, summary)
 
 

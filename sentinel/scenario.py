@@ -16,6 +16,7 @@ from typing import Any, ClassVar, Literal
 from sentinel import safeyaml
 from sentinel.config import PluginSpec, build, set_path, spec, to_plain
 from sentinel.errors import ConfigError
+from sentinel.grid import check_sweep
 from sentinel.registry import REGISTRIES
 
 MAX_STEPS = 10_000_000  # steps, step counts and step offsets (a run of 10^7 steps is weeks of compute)
@@ -206,8 +207,14 @@ class ScoringConfig:
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class SweepConfig:
     grid: dict[str, Any] = dataclasses.field(default_factory=dict)
-    reference: dict[str, str] = dataclasses.field(default_factory=dict, metadata={
-        "help": "text shown beside each grid row in a `reference` column (e.g. a paper's reported numbers), "
+    seeds: int | tuple[int, ...] | None = spec(
+        None, ge=0, le=2**63 - 1, help="every grid point runs for every seed: N means seed..seed+N-1, or a list "
+        "of seeds (default: the scenario's seed only); `--seeds N` on the command line")
+    reference: dict[str, Any] = dataclasses.field(default_factory=dict, metadata={
+        "help": "a grid point every row is compared with (paired by seed), e.g. {transport.codec: identity}: "
+        "grid keys and one of each key's values (the other keys follow the row)"})
+    notes: dict[str, str] = dataclasses.field(default_factory=dict, metadata={
+        "help": "text shown beside each grid row in a `notes` column (e.g. a paper's reported numbers), "
         "keyed by the row's label (its grid values, an attack list as name/role)"})
 
 
@@ -323,6 +330,12 @@ def _transport(sc: Scenario) -> list[tuple[str, str]]:
         out.append(("dp.compression.method", f"{sc.dp.compression.method!r} compresses the all-reduce; "
                     f"dp.sync is {sc.dp.sync!r}: set dp.sync=allreduce or dp.compression.method=none"))
     return out
+
+
+@cross_check
+def _sweep(sc: Scenario) -> list[tuple[str, str]]:
+    """Seeds in range, a reference that names a grid point (sentinel/grid.py)."""
+    return check_sweep(sc)
 
 
 def validate(data: Any, overrides: list[str] | tuple[str, ...] = ()) -> Scenario:

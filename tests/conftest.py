@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
 import torch
 
@@ -10,6 +12,7 @@ from sentinel import scenario
 # One thread: tiny test models are faster single-threaded, and tests that spawn processes
 # (sweeps, torch.distributed) would otherwise oversubscribe the 2 cores.
 torch.set_num_threads(1)
+os.environ.setdefault("OMP_NUM_THREADS", "1")  # the thread policy (sentinel/parallel.py) and subprocesses follow it
 
 TINY = {
     "name": "tiny",

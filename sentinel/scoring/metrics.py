@@ -88,7 +88,11 @@ def checked_messages(log: EventLog) -> dict[str, np.ndarray]:
 
 
 def message_metrics(log: EventLog) -> dict:
-    """Overall confusion (contaminated messages excluded) plus per-attack, per-role and per-boundary views."""
+    """Overall confusion (contaminated messages excluded) plus per-attack, per-role and per-boundary views.
+
+    A per-attack row scores that attack's tampered messages against every clean message (other attacks'
+    messages left out): its FPR is the run's clean FPR, its precision counts every false positive.
+    """
     c = checked_messages(log)
     keep = ~c["contaminated"]
     out = confusion(c["tampered"][keep], c["flagged"][keep])
@@ -97,14 +101,12 @@ def message_metrics(log: EventLog) -> dict:
         "messages": int(c["contaminated"].sum()),
         "flagged": int((c["contaminated"] & c["flagged"]).sum()),
     }
+    clean = keep & ~c["tampered"]
     out["per_attack"] = {}
     for a, name in enumerate(log.attacks):
         sel = c["attack"] == a
-        out["per_attack"][name] = {
-            "messages": int(sel.sum()),
-            "detected": int((sel & c["flagged"]).sum()),
-            "recall": _ratio((sel & c["flagged"]).sum(), sel.sum()),
-        }
+        row = confusion(c["tampered"][sel | clean], c["flagged"][sel | clean])
+        out["per_attack"][name] = {"messages": int(sel.sum()), "detected": int((sel & c["flagged"]).sum()), **row}
     out["per_role"] = {
         ROLE_NAMES[r]: confusion(c["tampered"][keep & (c["role"] == r)], c["flagged"][keep & (c["role"] == r)])
         for r in np.unique(c["role"])
@@ -114,6 +116,81 @@ def message_metrics(log: EventLog) -> dict:
         for b in np.unique(c["boundary"])
     }
     return out
+
+
+def ban_delays(log: EventLog, rows: np.ndarray | None = None) -> dict[str, tuple[int, int | None]]:
+    """Per attacking worker: (step of its first tampered message, step of its first ban or None).
+
+    `rows`: a boolean mask over the ground-truth rows (one attack, role or boundary); default all.
+    """
+    gt = log.ground_truth
+    sel = np.ones(len(gt), dtype=bool) if rows is None else rows
+    bans = {}
+    for w, step in zip(log.bans["worker"], log.bans["step"]):
+        bans.setdefault(int(w), int(step))
+    out = {}
+    for w in np.unique(gt["worker"][sel]):
+        first = int(gt["step"][sel & (gt["worker"] == w)].min())
+        out[log.workers[int(w)]] = (first, bans.get(int(w)))
+    return out
+
+
+def ban_summary(delays: dict[str, tuple[int, int | None]]) -> dict:
+    """Steps from a worker's first tampered message to its ban, over the attacking workers in `delays`."""
+    steps = [ban - first for first, ban in delays.values() if ban is not None]
+    return {
+        "attacking_workers": len(delays),
+        "banned_workers": len(steps),
+        "median_steps_to_ban": float(np.median(steps)) if steps else None,
+        "max_steps_to_ban": int(max(steps)) if steps else None,
+        "never_banned": sorted(w for w, (_, ban) in delays.items() if ban is None),
+    }
+
+
+def group_bans(log: EventLog) -> dict[str, dict]:
+    """`ban_summary` per attack, per role and per boundary of the tampered messages."""
+    gt = log.ground_truth
+    boundary_of = dict(zip(log.messages["id"].tolist(), log.messages["boundary"].tolist()))
+    gt_boundary = np.array([boundary_of.get(int(m), -1) for m in gt["msg"]], dtype=np.int64)
+    return {
+        "per_attack": {name: ban_summary(ban_delays(log, gt["attack"] == a)) for a, name in enumerate(log.attacks)},
+        "per_role": {ROLE_NAMES[int(r)]: ban_summary(ban_delays(log, gt["role"] == r)) for r in np.unique(gt["role"])},
+        "per_boundary": {
+            int(b): ban_summary(ban_delays(log, gt_boundary == b)) for b in np.unique(gt_boundary) if b >= 0
+        },
+    }
+
+
+def per_worker(log: EventLog, malicious: list[str]) -> list[dict]:
+    """One row per worker that sent a message: malicious or not, its attacks, messages, flags, first flag, ban."""
+    m, v, gt = log.messages, log.verdicts, log.ground_truth
+    sender_of = dict(zip(m["id"].tolist(), m["sender"].tolist()))
+    flagged_sender = np.array([sender_of.get(int(i), -1) for i in v["msg"][v["flagged"]]], dtype=np.int64)
+    flag_step = log.messages["step"][np.isin(m["id"], v["msg"][v["flagged"]])]
+    flag_who = m["sender"][np.isin(m["id"], v["msg"][v["flagged"]])]
+    bans = {}
+    for w, step in zip(log.bans["worker"], log.bans["step"]):
+        bans.setdefault(int(w), int(step))
+    mal = set(malicious)
+    rows = []
+    for w in np.unique(m["sender"]):
+        w = int(w)
+        tampered = gt["worker"] == w
+        flags = flag_step[flag_who == w]
+        rows.append(
+            {
+                "worker": log.workers[w],
+                "malicious": log.workers[w] in mal,
+                "attacks": sorted({log.attacks[a] for a in gt["attack"][tampered]}),
+                "sent": int((m["sender"] == w).sum()),
+                "tampered": int(tampered.sum()),
+                "first_tampered": int(gt["step"][tampered].min()) if tampered.any() else None,
+                "flags": int((flagged_sender == w).sum()),
+                "first_flag": int(flags.min()) if len(flags) else None,
+                "ban_step": bans.get(w),
+            }
+        )
+    return rows
 
 
 def worker_metrics(log: EventLog, malicious: list[str]) -> dict:
@@ -152,7 +229,62 @@ def worker_metrics(log: EventLog, malicious: list[str]) -> dict:
         "median_steps_to_ban": float(np.median(delays)) if delays else None,
         "max_steps_to_ban": int(max(delays)) if delays else None,
         "attacks_never_banned": never,
+        **group_bans(log),
+        "per_worker": per_worker(log, malicious),
     }
+
+
+STEP_COLUMNS = (
+    "step",
+    "train_loss",
+    "val_loss",
+    "messages",
+    "checked",
+    "flags",
+    "tampered",
+    "tampered_flagged",
+    "clean_flagged",
+    "bans",
+    "banned",
+)
+
+
+def step_rows(log: EventLog) -> list[dict]:
+    """metrics.csv: one row per optimizer step (`step` is the 0-based index used by events.csv and bans).
+
+    `train_loss` is the mean over the step's microbatches, `val_loss` the validation loss at the end of
+    the step (empty when it was not evaluated; the initial one is `training.initial_val_loss`),
+    `flags` the verdicts that flagged, split by ground truth into `tampered_flagged` and `clean_flagged`
+    (contaminated-downstream messages are in neither), `banned` the workers banned at that step.
+    """
+    n_steps = int(max([0, *(log.losses["step"] + 1), *(log.messages["step"] + 1), *log.evals["step"]]))
+    c = checked_messages(log) if len(log.verdicts) else None
+    tampered_step = np.bincount(log.ground_truth["step"], minlength=n_steps) if len(log.ground_truth) else None
+    val = {int(s) - 1: float(v) for s, v in zip(log.evals["step"], log.evals["val_loss"]) if s > 0}
+    rows = []
+    for step in range(n_steps):
+        losses = log.losses["loss"][log.losses["step"] == step]
+        row = {
+            "step": step,
+            "train_loss": float(losses.mean()) if len(losses) else None,
+            "val_loss": val.get(step),
+            "messages": int((log.messages["step"] == step).sum()),
+        }
+        if c is not None:
+            at = c["step"] == step
+            row.update(
+                checked=int(at.sum()),
+                flags=int((at & c["flagged"]).sum()),
+                tampered_flagged=int((at & c["flagged"] & c["tampered"]).sum()),
+                clean_flagged=int((at & c["flagged"] & ~c["tampered"] & ~c["contaminated"]).sum()),
+            )
+        else:
+            row.update(checked=0, flags=0, tampered_flagged=0, clean_flagged=0)
+        row["tampered"] = int(tampered_step[step]) if tampered_step is not None and step < len(tampered_step) else 0
+        banned = [log.workers[int(w)] for w, s in zip(log.bans["worker"], log.bans["step"]) if s == step]
+        row.update(bans=len(banned), banned=";".join(banned))
+        rows.append(row)
+    return rows
 
 
 def arl0(log: EventLog, steps: int) -> dict:

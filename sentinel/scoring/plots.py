@@ -113,40 +113,62 @@ def detection_plots(log: EventLog, out_dir: Path, thresholds: dict[str, float] |
 
 
 def roc_plots(roc: dict, curves: dict, out_dir: Path) -> list[str]:
-    """ROC and precision-recall curves per statistic (and the detector's rule), AUROC in the legend."""
+    """ROC and precision-recall curves per statistic (and the detector's rule), AUROC in the legend.
+
+    Every curve says on which honest traffic its false-positive rate is measured: the per-statistic
+    curves and the solid rule curve on this run's clean messages; when the clean twin ran, a dashed
+    rule curve on the twin's honest messages, where the recommended threshold was set (its star lies
+    on that curve, not on the solid one).
+    """
     if not curves:
         return []
     plt = _plt()
-    fig, (ax_roc, ax_pr) = plt.subplots(1, 2, figsize=(10, 4.2))
+    fig, (ax_roc, ax_pr) = plt.subplots(1, 2, figsize=(10, 4.4))
     stats = roc.get("statistics", {})
-    for i, (name, c) in enumerate(sorted(curves.items(), key=lambda kv: kv[0] != "rule")):
-        info = roc["rule"] if name == "rule" else stats.get(name, {})
-        label = f"rule ({roc['rule']['statistic']})" if name == "rule" else name
-        style = {"lw": 2.2, "color": "k"} if name == "rule" else {"lw": 1.0, "color": f"C{i}"}
+    rule = roc.get("rule") or {}
+    order = sorted(curves.items(), key=lambda kv: (kv[0] != "rule", kv[0] != "rule_vs_clean_twin"))
+    for i, (name, c) in enumerate(order):
+        info = rule if name.startswith("rule") else stats.get(name, {})
+        if name == "rule":
+            label, style = f"rule ({rule['statistic']}), FPR on this run's clean messages", {"lw": 2.2, "color": "k"}
+        elif name == "rule_vs_clean_twin":
+            label, style = f"rule ({rule['statistic']}), FPR on the clean twin", {"lw": 1.8, "color": "r", "ls": "--"}
+            info = {"auroc": rule.get("auroc_vs_clean_twin")}
+        else:
+            label, style = name, {"lw": 1.0, "color": f"C{i}"}
         fpr = [0.0, *[v if v is not None else 0.0 for v in c["fpr"]], 1.0]
         tpr = [0.0, *[v if v is not None else 0.0 for v in c["tpr"]], 1.0]
         auc = info.get("auroc")
         ax_roc.plot(fpr, tpr, label=f"{label} (AUROC {auc:.3f})" if auc is not None else label, **style)
+        if name == "rule_vs_clean_twin":
+            continue  # precision needs this run's own mix of tampered and clean messages
         rec = [r for r, p in zip(c["recall"], c["precision"]) if p is not None and r is not None]
         prec = [p for r, p in zip(c["recall"], c["precision"]) if p is not None and r is not None]
         ap = info.get("average_precision")
         ax_pr.plot(rec, prec, label=f"{label} (AP {ap:.3f})" if ap is not None else label, **style)
-    rec = roc.get("rule", {}).get("recommended", {})
+    rec = rule.get("recommended", {})
     if rec.get("fpr") is not None and rec.get("tpr") is not None:
-        ax_roc.plot([rec["fpr"]], [rec["tpr"]], "r*", ms=12,
-                    label=f"recommended {roc['rule']['threshold_key']} = {rec['threshold']:.3g}")
+        where = "clean twin" if rec.get("negatives_from") == "clean_twin" else "this run's clean messages"
+        ax_roc.plot(
+            [rec["fpr"]],
+            [rec["tpr"]],
+            "r*",
+            ms=12,
+            label=f"recommended {rule['threshold_key']} = {rec['threshold']:.3g} (FPR on the {where})",
+        )
         ax_roc.axvline(rec["target_fpr"], color="r", ls=":", lw=0.8, label=f"target FPR {rec['target_fpr']:g}")
     ax_roc.plot([0, 1], [0, 1], ls="--", color="grey", lw=0.6)
     ax_roc.set_xscale("symlog", linthresh=1e-3)
-    ax_roc.set_xlabel("false-positive rate (clean messages flagged; log scale)")
+    honest = "this run's clean messages" + (" (dashed: the clean twin's)" if "rule_vs_clean_twin" in curves else "")
+    ax_roc.set_xlabel(f"false-positive rate on {honest}; log scale", fontsize=8)
     ax_roc.set_ylabel("true-positive rate (tampered messages flagged)")
     ax_roc.set_title(f"ROC ({roc.get('mode', '')} run)")
     ax_pr.set_xlabel("recall")
-    ax_pr.set_ylabel("precision")
+    ax_pr.set_ylabel("precision (this run's messages)")
     ax_pr.set_title("precision-recall")
     for ax in (ax_roc, ax_pr):
         ax.grid(alpha=0.3)
-        ax.legend(fontsize=7)
+        ax.legend(fontsize=6)
     fig.tight_layout()
     fig.savefig(out_dir / "roc.png", dpi=110)
     plt.close(fig)

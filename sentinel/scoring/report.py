@@ -14,8 +14,19 @@ from pathlib import Path
 from sentinel import strictjson
 from sentinel.eventlog import EventLog
 from sentinel.scoring import plots
-from sentinel.scoring.metrics import impact_metrics
+from sentinel.scoring.metrics import STEP_COLUMNS, impact_metrics, step_rows
 from sentinel.scoring.summary import build_summary, confirmation_metrics
+from sentinel.scoring.tables import (
+    HEADLINE,
+    fmt,
+    group_cells,
+    group_rows,
+    group_tables,
+    headline,
+    md_table,
+    reasons,
+    why_undefined,
+)
 
 TWINS = ("clean", "undefended")
 
@@ -34,6 +45,7 @@ def finish(out_dir: Path, log: EventLog, summary: dict) -> dict:
     """Write events.csv, plots, report.md and, last and atomically, summary.json."""
     out_dir = Path(out_dir)
     log.write_events_csv(out_dir / "events.csv")
+    write_metrics_csv(out_dir / "metrics.csv", log)
     roc = summary["detection"].get("roc") or {}
     curves = roc.pop("curves", {})
     if curves:
@@ -49,6 +61,16 @@ def finish(out_dir: Path, log: EventLog, summary: dict) -> dict:
     (out_dir / "report.md").write_text(report_md(summary, extra, as_run.read_text() if as_run.is_file() else None))
     write_json_atomic(out_dir / "summary.json", summary)
     return summary
+
+
+def write_metrics_csv(path: Path, log: EventLog) -> None:
+    """metrics.csv: one row per optimizer step (columns: `metrics.STEP_COLUMNS`), for pandas."""
+    import csv
+
+    with open(path, "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=STEP_COLUMNS)
+        w.writeheader()
+        w.writerows(step_rows(log))
 
 
 def rebuild(out_dir: Path) -> dict:
@@ -85,7 +107,8 @@ def rebuild(out_dir: Path) -> dict:
     if rule and run.confirm is not None:
         c, used = run.confirm
         summary["detection"]["roc"]["confirmation"] = confirmation_metrics(
-            c, c.meta.get("malicious", []), rule["recommended"], rule["threshold_key"], used)
+            c, c.meta.get("malicious", []), rule["recommended"], rule["threshold_key"], used
+        )
     return finish(out_dir, log, summary)
 
 
@@ -101,6 +124,7 @@ def _f(v, fmt=".4f") -> str:
 def report_md(summary: dict, figures: list[str] = (), scenario_yaml: str | None = None) -> str:
     t, w, d = summary["training"], summary["workers"], summary["detection"]
     m, wk, imp = d["messages"], d["workers"], summary["impact"]
+    why = {k: "n/a" for k in headline(summary)} | reasons(summary)
     lines = [
         f"# Run report: {summary['scenario']}",
         "",
@@ -110,50 +134,94 @@ def report_md(summary: dict, figures: list[str] = (), scenario_yaml: str | None 
         + (f" (optimum {_f(t['optimum_loss'])}, excess {_f(t['excess_loss'])})" if t.get("optimum_loss") else ""),
         f"- bytes on the wire: {summary['transport']['bytes_sent']:,}; wall time {summary['cost']['wall_s']:.1f} s "
         f"(detector {summary['cost']['detector_s']:.2f} s"
-        + (f", {summary['cost']['recomputed_messages']:,} messages recomputed" if summary["cost"].get("recomputed_messages")
-           else "") + ")",
-        *([f"- simulated clock ({summary['transport'].get('network_preset')} network): "
-           f"{summary['transport']['sim_time_s']:.1f} s, {_f(summary['transport'].get('sim_tokens_per_s'), ',.0f')} "
-           "tokens/s"] if summary["transport"].get("sim_time_s") else []),
+        + (
+            f", {summary['cost']['recomputed_messages']:,} messages recomputed"
+            if summary["cost"].get("recomputed_messages")
+            else ""
+        )
+        + ")",
+        *(
+            [
+                f"- simulated clock ({summary['transport'].get('network_preset')} network): "
+                f"{summary['transport']['sim_time_s']:.1f} s, {_f(summary['transport'].get('sim_tokens_per_s'), ',.0f')} "
+                "tokens/s"
+            ]
+            if summary["transport"].get("sim_time_s")
+            else []
+        ),
         "",
         "## Detection",
         "",
         "| level | precision | recall | F1 | FPR | details |",
         "|---|---|---|---|---|---|",
-        f"| messages | {_f(m['precision'], '.3f')} | {_f(m['recall'], '.3f')} | {_f(m['f1'], '.3f')} | "
-        f"{_f(m['fpr'], '.4f')} | TP {m['tp']}, FP {m['fp']}, FN {m['fn']}, TN {m['tn']}; contaminated "
-        f"downstream {m.get('contaminated', {}).get('messages', 0)} (flagged {m.get('contaminated', {}).get('flagged', 0)}) |",
-        f"| workers | {_f(wk['precision'], '.3f')} | {_f(wk['recall'], '.3f')} | {_f(wk['f1'], '.3f')} | | "
+        f"| messages | {fmt(m['precision'], '.3f', why_undefined('precision', m))} | "
+        f"{fmt(m['recall'], '.3f', why_undefined('recall', m))} | {fmt(m['f1'], '.3f', why_undefined('f1', m))} | "
+        f"{fmt(m['fpr'], '.4f', why_undefined('fpr', m))} | TP {m['tp']}, FP {m['fp']}, FN {m['fn']}, TN {m['tn']}; "
+        f"contaminated downstream {m.get('contaminated', {}).get('messages', 0)} "
+        f"(flagged {m.get('contaminated', {}).get('flagged', 0)}) |",
+        f"| workers | {fmt(wk['precision'], '.3f', why['worker_precision'])} | "
+        f"{fmt(wk['recall'], '.3f', why['worker_recall'])} | {fmt(wk['f1'], '.3f', why['worker_f1'])} | | "
         f"banned {', '.join(wk['banned']) or 'none'}; false bans {wk['false_bans']}; median steps to ban "
-        f"{_f(wk['median_steps_to_ban'], '.1f')} |",
+        f"{fmt(wk['median_steps_to_ban'], '.1f', why['steps_to_ban'])}, max "
+        f"{fmt(wk.get('max_steps_to_ban'), 'd', why['steps_to_ban'])} |",
         "",
+        *group_tables(summary),
     ]
     clean = d.get("clean_twin")
     if clean:
         lines += [
             f"Clean twin (same run, no attack, same defence): message FPR {_f(clean['fpr'], '.4f')} "
             f"({clean['fp']} of {clean['checked']} checked), false bans {clean['false_bans']}, ARL0 "
-            + (f"{clean['arl0']:.1f} steps between false alarms" if clean.get("arl0") else
-               f"> {clean['steps']} steps (no false alarm)") + ".",
+            + (
+                f"{clean['arl0']:.1f} steps between false alarms"
+                if clean.get("arl0")
+                else f"> {clean['steps']} steps (no false alarm)"
+            )
+            + ".",
             "",
         ]
     lines += roc_md(d.get("roc") or {})
-    if any(v is not None for v in imp.values()):
-        lines += [
-            "## Convergence impact (twin runs, same seed and data order)",
-            "",
-            "| run | final validation loss |",
-            "|---|---|",
-        ]
-        lines += [f"| {k.replace('_val_loss', '')} | {_f(v)} |" for k, v in imp.items() if k.endswith("val_loss")]
-        if imp.get("recovered_fraction") is not None:
-            lines += ["", f"The defence recovers {imp['recovered_fraction']:.1%} of the attack's damage."]
-        lines.append("")
+    lines += impact_md(imp)
     lines += ["## Figures", "", "![loss curves](loss.png)", ""]
     lines += [f"![{Path(f).stem}]({f})" for f in figures]
     if scenario_yaml:
         lines += ["", "## Scenario (as run, after overrides)", "", "```yaml", scenario_yaml.rstrip(), "```"]
     return "\n".join(lines) + "\n"
+
+
+def impact_md(imp: dict) -> list[str]:
+    """Final validation losses of the run and its twins, and the damage as differences from the clean twin."""
+    losses = {
+        k: imp[f"{k}_val_loss"] for k in ("defended", "clean", "undefended") if imp.get(f"{k}_val_loss") is not None
+    }
+    if not losses:
+        return []
+    lines = [
+        "## Convergence impact (twin runs, same seed and data order)",
+        "",
+        *md_table(
+            ["run", "final validation loss", "minus clean twin"],
+            [
+                [
+                    k,
+                    fmt(v, ".4f"),
+                    fmt(None if "clean" not in losses else v - losses["clean"], "+.4f", "n/a: no clean twin"),
+                ]
+                for k, v in losses.items()
+            ],
+        ),
+        "",
+    ]
+    if imp.get("recovered_fraction") is not None:
+        lines += [
+            f"The defence recovers {imp['recovered_fraction']:.1%} of the attack's damage "
+            "((undefended - defended) / (undefended - clean)). One seed, no interval: a ratio of two "
+            "loss differences can swing widely between seeds; `--seeds N` gives the paired "
+            "differences with 95% intervals, and a recovered fraction only where the damage is "
+            "measurable.",
+            "",
+        ]
+    return lines
 
 
 def roc_md(roc: dict) -> list[str]:
@@ -168,13 +236,17 @@ def roc_md(roc: dict) -> list[str]:
     rows = dict(roc["statistics"])
     if roc.get("rule"):
         rows = {f"**rule: {roc['rule']['statistic']} > {roc['rule']['threshold_key']}**": roc["rule"], **rows}
-    lines += [f"| {k} | {_f(v['auroc'], '.3f')} | {_f(v['average_precision'], '.3f')} | {v['positives']} | "
-              f"{v['negatives']} |" for k, v in rows.items()]
+    lines += [
+        f"| {k} | {_f(v['auroc'], '.3f')} | {_f(v['average_precision'], '.3f')} | {v['positives']} | {v['negatives']} |"
+        for k, v in rows.items()
+    ]
     paused = roc.get("paused") or {}
     if any(paused.values()):
-        lines.append(f"\nMessages paused downstream of a flag in their microbatch (never judged) are left out: "
-                     f"{paused['tampered']} tampered, {paused['clean']} clean (message metrics count the tampered "
-                     "ones as missed).")
+        lines.append(
+            f"\nMessages paused downstream of a flag in their microbatch (never judged) are left out: "
+            f"{paused['tampered']} tampered, {paused['clean']} clean (message metrics count the tampered "
+            "ones as missed)."
+        )
     lines.append("")
     rule = roc.get("rule")
     if rule:
@@ -184,30 +256,99 @@ def roc_md(roc: dict) -> list[str]:
                 f"Recommended `{rule['threshold_key']}` = {rec['threshold']:.4g} for target FPR {rec['target_fpr']:g}: "
                 f"FPR {_f(rec['fpr'], '.4f')} on the {'clean twin' if rec.get('negatives_from') == 'clean_twin' else 'clean messages of this run'}, "
                 f"TPR {_f(rec['tpr'], '.3f')} in this run (configured: {rule['configured']:g})."
-                + (f" {rec['note']}." if rec.get("note") else ""))
+                + (f" {rec['note']}." if rec.get("note") else "")
+            )
         else:
             lines.append(f"No threshold meets target FPR {rec['target_fpr']:g}: {rec['note']}.")
         conf = roc.get("confirmation")
         if conf:
-            lines += ["", f"Closed-loop confirmation at {conf['threshold_key']} = {conf['threshold']:.4g}: FPR "
-                      f"{_f(conf['fpr'], '.4f')} (target {conf['target_fpr']:g}, open loop {_f(conf['open_loop_fpr'], '.4f')}), "
-                      f"message F1 {_f(conf['f1'], '.3f')}, worker F1 {_f(conf['worker_f1'], '.3f')}, false bans "
-                      f"{conf['false_bans']}. Open and closed loop differ: bans and dropped microbatches change the "
-                      "trajectory, and with it the statistics."]
+            lines += [
+                "",
+                f"Closed-loop confirmation at {conf['threshold_key']} = {conf['threshold']:.4g}: FPR "
+                f"{_f(conf['fpr'], '.4f')} (target {conf['target_fpr']:g}, open loop {_f(conf['open_loop_fpr'], '.4f')}), "
+                f"message F1 {_f(conf['f1'], '.3f')}, worker F1 {_f(conf['worker_f1'], '.3f')}, false bans "
+                f"{conf['false_bans']}. Open and closed loop differ: bans and dropped microbatches change the "
+                "trajectory, and with it the statistics.",
+            ]
         lines.append("")
     return lines
 
 
-def combined_table(dirs: list[Path]) -> str:
-    rows = [
-        "| run | final val loss | msg F1 | msg FPR | worker F1 | false bans | steps to ban |",
-        "|---|---|---|---|---|---|---|",
-    ]
+COMBINED = [
+    "final_val_loss",
+    "msg_precision",
+    "msg_recall",
+    "msg_f1",
+    "msg_fpr",
+    "worker_f1",
+    "false_bans",
+    "steps_to_ban",
+    "max_steps_to_ban",
+    "clean_fpr",
+    "damage_defended",
+    "damage_undefended",
+]
+
+
+def combined_rows(dirs: list[Path]) -> list[dict]:
+    """One row per result folder: its folder, scenario, seed and every HEADLINE metric (None where undefined)."""
+    rows = []
     for d in dirs:
         s = json.loads((Path(d) / "summary.json").read_text())
-        m, w = s["detection"]["messages"], s["detection"]["workers"]
         rows.append(
-            f"| {d} | {_f(s['training']['final_val_loss'])} | {_f(m['f1'], '.3f')} | {_f(m['fpr'], '.4f')} | "
-            f"{_f(w['f1'], '.3f')} | {w['false_bans']} | {_f(w['median_steps_to_ban'], '.1f')} |"
+            {
+                "run": str(d),
+                "scenario": s.get("scenario"),
+                "seed": s.get("seed"),
+                **headline(s),
+                "_why": reasons(s),
+                "_groups": group_rows(s),
+            }
         )
-    return "\n".join(rows) + "\n"
+    return rows
+
+
+def combined_table(dirs: list[Path]) -> str:
+    """The markdown table of several result folders (undefined values say why)."""
+    rows = combined_rows(dirs)
+    labels = {m.name: m for m in HEADLINE}
+    body = [[r["run"], *(fmt(r[c], labels[c].fmt, r["_why"].get(c, "n/a")) for c in COMBINED)] for r in rows]
+    lines = md_table(["run", *(labels[c].label for c in COMBINED)], body)
+    attacks = [(r["run"], g) for r in rows for g in r["_groups"] if g["group"] == "attack"]
+    if attacks:
+        lines += [
+            "",
+            *md_table(
+                [
+                    "run",
+                    "attack",
+                    "precision",
+                    "recall",
+                    "F1",
+                    "FPR",
+                    "median steps to ban",
+                    "max steps to ban",
+                    "attackers banned",
+                ],
+                [[run, *group_cells(g)] for run, g in attacks],
+            ),
+        ]
+    return "\n".join(lines) + "\n"
+
+
+def write_combined_csv(dirs: list[Path], path: Path) -> None:
+    """`sentinel report DIR... --csv FILE`: one row per folder, every HEADLINE metric (empty where undefined)."""
+    import csv
+
+    rows = combined_rows(dirs)
+    cols = ["run", "scenario", "seed", *(m.name for m in HEADLINE)]
+    with open(path, "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=cols, extrasaction="ignore")
+        w.writeheader()
+        w.writerows(rows)
+    groups = [{"run": r["run"], "seed": r["seed"], **g} for r in rows for g in r["_groups"]]
+    if groups:  # per attack / role / boundary, beside it: FILE_groups.csv
+        with open(path.with_name(f"{path.stem}_groups{path.suffix or '.csv'}"), "w", newline="") as f:
+            w = csv.DictWriter(f, fieldnames=list(groups[0]))
+            w.writeheader()
+            w.writerows(groups)

@@ -33,7 +33,7 @@ every k >= k_learn; elsewhere (`exact_from: null`) the curve is exact at the con
 from __future__ import annotations
 
 import numpy as np
-from scipy.stats import rankdata
+from sklearn.metrics import average_precision_score, roc_auc_score, roc_curve
 
 from sentinel.eventlog import EventLog
 from sentinel.scoring.metrics import checked_messages
@@ -44,39 +44,64 @@ NEVER = ("paused", "shift")  # not judged: never flagged whatever the threshold 
 CURVE_POINTS = 200  # points kept per saved curve
 
 
+def _ranked(pos: np.ndarray, neg: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Labels, dense ranks of the scores, and the distinct scores (ascending).
+
+    scikit-learn rejects infinite scores, and the decision scores use +-inf (flagged whatever the
+    threshold / never judged). Every quantity here depends on the order of the scores only, so they are
+    replaced by their dense ranks (equal scores keep equal ranks: ties stay ties) and thresholds are
+    mapped back through the distinct values.
+    """
+    scores = np.concatenate([pos, neg]).astype(float)
+    values, ranks = np.unique(scores, return_inverse=True)
+    labels = np.concatenate([np.ones(len(pos), dtype=int), np.zeros(len(neg), dtype=int)])
+    return labels, ranks.astype(float), values
+
+
 def auroc(pos: np.ndarray, neg: np.ndarray) -> float | None:
-    """P(score of a random positive > that of a random negative), ties counted 1/2 (Mann-Whitney U)."""
+    """P(score of a random positive > that of a random negative), ties counted 1/2 (Mann-Whitney U).
+
+    `sklearn.metrics.roc_auc_score` on the dense ranks: the trapezoid under the full ROC curve, where a
+    tie between positives and negatives is a diagonal segment (area 1/2 per tied pair).
+    """
     if not len(pos) or not len(neg):
         return None
-    ranks = rankdata(np.concatenate([pos, neg]))  # +-inf rank like any other value
-    u = ranks[: len(pos)].sum() - len(pos) * (len(pos) + 1) / 2.0
-    return float(u / (len(pos) * len(neg)))
+    labels, ranks, _ = _ranked(pos, neg)
+    return float(roc_auc_score(labels, ranks))
 
 
 def curves(pos: np.ndarray, neg: np.ndarray) -> dict[str, np.ndarray]:
     """Operating points "flag <=> score >= t" for every distinct score t, highest first.
 
-    Returns thresholds, fpr, tpr, precision (NaN where nothing is flagged) and recall (= tpr).
+    `sklearn.metrics.roc_curve(drop_intermediate=False)` on the dense ranks (its leading "flag
+    nothing" point is dropped). Returns thresholds, fpr, tpr, precision (NaN where nothing is flagged)
+    and recall (= tpr).
     """
-    values = np.unique(np.concatenate([pos, neg]))[::-1]
-    # flagged at threshold t: scores >= t; counts by searchsorted on the sorted arrays
-    p_sorted, n_sorted = np.sort(pos), np.sort(neg)
-    tp = len(pos) - np.searchsorted(p_sorted, values, side="left")
-    fp = len(neg) - np.searchsorted(n_sorted, values, side="left")
-    with np.errstate(divide="ignore", invalid="ignore"):
+    if not len(pos) or not len(neg):  # one class: scikit-learn's rates are undefined; count directly
+        values = np.unique(np.concatenate([pos, neg]))[::-1]
+        tp = len(pos) - np.searchsorted(np.sort(pos), values, side="left")
+        fp = len(neg) - np.searchsorted(np.sort(neg), values, side="left")
+        tpr = tp / len(pos) if len(pos) else np.zeros(len(values))
+        fpr = fp / len(neg) if len(neg) else np.zeros(len(values))
         precision = np.where(tp + fp > 0, tp / np.maximum(tp + fp, 1), np.nan)
-    tpr = tp / len(pos) if len(pos) else np.zeros(len(values))
-    fpr = fp / len(neg) if len(neg) else np.zeros(len(values))
-    return {"thresholds": values, "fpr": fpr, "tpr": tpr, "precision": precision, "recall": tpr}
+        return {"thresholds": values, "fpr": fpr, "tpr": tpr, "precision": precision, "recall": tpr}
+    labels, ranks, values = _ranked(pos, neg)
+    fpr, tpr, thr = roc_curve(labels, ranks, drop_intermediate=False)
+    fpr, tpr, thr = fpr[1:], tpr[1:], thr[1:]  # the first point is "flag nothing" (threshold +inf)
+    tp, fp = tpr * len(pos), fpr * len(neg)
+    precision = tp / (tp + fp)  # >= 1 message flagged at every distinct score
+    return {"thresholds": values[thr.astype(int)], "fpr": fpr, "tpr": tpr, "precision": precision, "recall": tpr}
 
 
 def average_precision(pos: np.ndarray, neg: np.ndarray) -> float | None:
-    """Area under the precision-recall step curve: sum over thresholds of (R_i - R_{i-1}) * P_i."""
+    """Area under the precision-recall step curve: sum over thresholds of (R_i - R_{i-1}) * P_i.
+
+    `sklearn.metrics.average_precision_score` on the dense ranks (tied scores form one operating point).
+    """
     if not len(pos):
         return None
-    c = curves(pos, neg)
-    recall = np.concatenate([[0.0], c["recall"]])
-    return float(np.nansum(np.diff(recall) * c["precision"]))
+    labels, ranks, _ = _ranked(pos, neg)
+    return float(average_precision_score(labels, ranks))
 
 
 def recommend(pos: np.ndarray, neg: np.ndarray, target_fpr: float, lowest: float | None = None) -> dict:
@@ -163,18 +188,26 @@ def roc_report(log: EventLog, rule: dict | None, target_fpr: float, mode: str, c
     paused = _paused(v)
     keep = ~c["contaminated"] & ~paused
     pos_mask, neg_mask = keep & c["tampered"], keep & ~c["tampered"]
-    out: dict = {"mode": mode, "paused": {"tampered": int((paused & c["tampered"]).sum()),
-                                         "clean": int((paused & ~c["tampered"] & ~c["contaminated"]).sum())},
-                 "statistics": {}, "curves": {}}
+    out: dict = {
+        "mode": mode,
+        "paused": {
+            "tampered": int((paused & c["tampered"]).sum()),
+            "clean": int((paused & ~c["tampered"] & ~c["contaminated"]).sum()),
+        },
+        "statistics": {},
+        "curves": {},
+    }
     for col in v:
-        if not col.startswith("score_") or col[len("score_"):] in MARKERS:
+        if not col.startswith("score_") or col[len("score_") :] in MARKERS:
             continue
-        name, s = col[len("score_"):], v[col].astype(float)
+        name, s = col[len("score_") :], v[col].astype(float)
         ok = ~np.isnan(s)
         pos, neg = s[pos_mask & ok], s[neg_mask & ok]
         out["statistics"][name] = {
-            "auroc": auroc(pos, neg), "average_precision": average_precision(pos, neg),
-            "positives": int(len(pos)), "negatives": int(len(neg)),
+            "auroc": auroc(pos, neg),
+            "average_precision": average_precision(pos, neg),
+            "positives": int(len(pos)),
+            "negatives": int(len(neg)),
         }
         if len(pos) and len(neg):
             out["curves"][name] = _downsample(curves(pos, neg))
@@ -189,15 +222,23 @@ def roc_report(log: EventLog, rule: dict | None, target_fpr: float, mode: str, c
         rec = recommend(pos, neg if twin is None else twin, target_fpr, rule.get("exact_from"))
         rec["negatives_from"] = "this run" if twin is None else "clean_twin"
         out["rule"] = {
-            "statistic": rule["statistic"], "threshold_key": rule["key"], "configured": rule["value"],
-            "exact_from": rule.get("exact_from"), "auroc": auroc(pos, neg),
-            "average_precision": average_precision(pos, neg), "positives": int(len(pos)),
-            "negatives": int(len(neg)), "recommended": rec,
+            "statistic": rule["statistic"],
+            "threshold_key": rule["key"],
+            "configured": rule["value"],
+            "exact_from": rule.get("exact_from"),
+            "auroc": auroc(pos, neg),
+            "average_precision": average_precision(pos, neg),
+            "positives": int(len(pos)),
+            "negatives": int(len(neg)),
+            "recommended": rec,
         }
         if twin is not None:
             out["rule"]["auroc_vs_clean_twin"] = auroc(pos, twin)
-            rec["fpr_this_run"] = float((neg > rec["threshold"]).mean()) if rec["threshold"] is not None and len(
-                neg) else None
+            rec["fpr_this_run"] = (
+                float((neg > rec["threshold"]).mean()) if rec["threshold"] is not None and len(neg) else None
+            )
         if len(pos) and len(neg):
             out["curves"]["rule"] = _downsample(curves(pos, neg))
+        if twin is not None and len(pos) and len(twin):  # the curve the recommendation lies on
+            out["curves"]["rule_vs_clean_twin"] = _downsample(curves(pos, twin))
     return out

@@ -26,8 +26,11 @@ def clean_twin_metrics(clean: EventLog | None, steps: int) -> dict | None:
         return None
     m = message_metrics(clean)
     return {
-        "fpr": m["fpr"], "fp": m["fp"], "checked": m["checked"],
-        "false_bans": len(clean.bans), "banned": [clean.workers[i] for i in clean.bans["worker"]],
+        "fpr": m["fpr"],
+        "fp": m["fp"],
+        "checked": m["checked"],
+        "false_bans": len(clean.bans),
+        "banned": [clean.workers[i] for i in clean.bans["worker"]],
         **arl0(clean, steps),
     }
 
@@ -36,9 +39,16 @@ def confirmation_metrics(log: EventLog, malicious: list[str], recommended: dict,
     """The closed-loop run at `threshold` (the recommendation it was run at): its FPR beside the target."""
     m, w = message_metrics(log), worker_metrics(log, malicious)
     return {
-        "threshold_key": key, "threshold": threshold, "target_fpr": recommended.get("target_fpr"),
-        "open_loop_fpr": recommended.get("fpr"), "fpr": m["fpr"], "precision": m["precision"],
-        "recall": m["recall"], "f1": m["f1"], "worker_f1": w["f1"], "false_bans": w["false_bans"],
+        "threshold_key": key,
+        "threshold": threshold,
+        "target_fpr": recommended.get("target_fpr"),
+        "open_loop_fpr": recommended.get("fpr"),
+        "fpr": m["fpr"],
+        "precision": m["precision"],
+        "recall": m["recall"],
+        "f1": m["f1"],
+        "worker_f1": w["f1"],
+        "false_bans": w["false_bans"],
         "note": "closed loop differs from open loop: bans and dropped microbatches change the trajectory",
     }
 

@@ -478,9 +478,14 @@ def _cases() -> list[Case]:
     add("sweep_grid_empty", lambda ws: ["sweep", ws.scenario()], expect="sweep.grid: empty")
     add("grid_int_key", lambda ws: ["validate", ws.scenario("sweep: {grid: {1: [2]}}\n")], expect="keys are strings")
     add(
-        "reference_not_string",
+        "notes_not_string",
+        val(sweep={"grid": {"seed": [1]}, "notes": {"1": [1, 2]}}),
+        expect="sweep.notes.1: expected a string",
+    )
+    add(
+        "reference_not_a_grid_point",
         val(sweep={"grid": {"seed": [1]}, "reference": {"1": [1, 2]}}),
-        expect="sweep.reference.1: expected a string",
+        expect="sweep.reference.1: not a grid key; the grid varies seed",
     )
     add(
         "grid_date_value",

@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import csv
 import json
 import subprocess
 import sys
@@ -56,7 +57,7 @@ def test_run_writes_the_result_folder(tmp_path, capsys):
     sc.write_text(yaml.safe_dump(TINY))
     out = tmp_path / "out"
     assert main(["run", str(sc), "--out", str(out), "--set", "training.steps=4", "--quiet"]) == 0
-    for f in ("summary.json", "events.csv", "events.npz", "loss.png", "report.md", "scenario.yaml"):
+    for f in ("summary.json", "events.csv", "events.npz", "loss.png", "report.md", "scenario.yaml", "metrics.csv"):
         assert (out / f).is_file(), f
     summary = json.loads((out / "summary.json").read_text())
     assert SUMMARY_KEYS <= set(_flat(summary))
@@ -64,6 +65,15 @@ def test_run_writes_the_result_folder(tmp_path, capsys):
     assert summary["transport"]["bytes_sent"] > 0
     assert yaml.safe_load((out / "scenario.yaml").read_text())["training"]["steps"] == 4
     assert "val loss" in capsys.readouterr().out
+
+
+def test_a_run_with_twins_prints_one_progress_with_an_eta_off_a_terminal(tmp_path, capsys):
+    sc = tmp_path / "s.yaml"
+    sc.write_text(yaml.safe_dump(dict(TINY, scoring={"twins": ["clean", "undefended"]})))
+    assert main(["run", str(sc), "--out", str(tmp_path / "out"), "--set", "training.steps=10"]) == 0
+    lines = [line for line in capsys.readouterr().err.splitlines() if line.startswith("[tiny]")]
+    assert len(lines) >= 10 and lines[-1].startswith("[tiny] 100% 30/30 steps")  # run + 2 twins, one progress
+    assert all(" elapsed, ETA " in line for line in lines) and any("clean: step" in line for line in lines)
 
 
 def test_list_and_describe(capsys):
@@ -115,4 +125,7 @@ def test_report_rebuilds_saved_results_without_retraining(tmp_path, capsys):
     after = json.loads((out / "summary.json").read_text())
     assert after["training"] == before["training"] and after["detection"] == before["detection"]
     assert (out / "report.md").is_file() and "| run | final val loss" in capsys.readouterr().out
+    assert main(["report", str(out), "--csv", str(tmp_path / "all.csv")]) == 0
+    row = next(csv.DictReader(open(tmp_path / "all.csv")))
+    assert row["run"] == str(out) and float(row["final_val_loss"]) == after["training"]["final_val_loss"]
     assert main(["report", str(tmp_path)]) == 2

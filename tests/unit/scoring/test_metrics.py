@@ -100,6 +100,75 @@ def test_arl0():
     assert r["arl0"] is None and "no false alarm in 10 steps" in r["note"]
 
 
+def test_per_attack_rows_score_each_attack_against_the_clean_messages_with_its_own_steps_to_ban():
+    from sentinel.scoring.metrics import group_bans
+
+    log = _log(
+        [
+            (2, 0, 1, A, "s1r0", "bias", True),
+            (3, 0, 1, A, "s1r0", "bias", True),
+            (4, 1, 1, G, "s2r1", "sign", False),
+            (6, 1, 1, G, "s2r1", "sign", True),
+            (2, 2, 0, A, "s0r0", None, True),
+            (3, 2, 0, A, "s0r0", None, False),
+            (4, 3, 0, A, "s0r1", None, False),
+        ]
+    )
+    log.log_ban(3, "s1r0")
+    m = message_metrics(log)
+    bias, sign = m["per_attack"]["bias"], m["per_attack"]["sign"]
+    assert (bias["tp"], bias["fp"], bias["fn"], bias["tn"]) == (2, 1, 0, 2)  # against the 3 clean messages
+    assert (sign["tp"], sign["fp"], sign["fn"], sign["tn"]) == (1, 1, 1, 2)
+    assert sign["recall"] == 0.5 and bias["fpr"] == sign["fpr"] == 1 / 3
+    g = group_bans(log)
+    assert g["per_attack"]["bias"]["median_steps_to_ban"] == 1.0 and g["per_attack"]["bias"]["never_banned"] == []
+    assert g["per_attack"]["sign"]["median_steps_to_ban"] is None and g["per_attack"]["sign"]["never_banned"] == [
+        "s2r1"
+    ]
+    assert set(g["per_role"]) == {"activation", "gradient"} and g["per_boundary"][1]["attacking_workers"] == 2
+
+
+def test_per_worker_rows_and_metrics_csv_rows():
+    from sentinel.scoring.metrics import per_worker, step_rows
+
+    log = _log(
+        [
+            (0, 0, 1, A, "s1r0", None, False),
+            (1, 0, 1, A, "s1r0", "bias", True),
+            (1, 1, 1, A, "s1r1", None, True),
+            (2, 0, 1, A, "s1r1", None, False),
+        ]
+    )
+    log.log_ban(1, "s1r0")
+    for step, loss in ((0, 3.0), (0, 2.0), (1, 1.5), (2, 1.0)):
+        log.log_loss(step, 0, loss)
+    log.log_eval(0, 4.0)
+    log.log_eval(2, 2.5)  # evaluated at the end of step index 1
+    rows = {r["worker"]: r for r in per_worker(log, ["s1r0"])}
+    assert rows["s1r0"] == {
+        "worker": "s1r0",
+        "malicious": True,
+        "attacks": ["bias"],
+        "sent": 2,
+        "tampered": 1,
+        "first_tampered": 1,
+        "flags": 1,
+        "first_flag": 1,
+        "ban_step": 1,
+    }
+    assert rows["s1r1"]["malicious"] is False and rows["s1r1"]["first_flag"] == 1 and rows["s1r1"]["ban_step"] is None
+    steps = step_rows(log)
+    assert [r["step"] for r in steps] == [0, 1, 2]
+    assert steps[0]["train_loss"] == 2.5 and steps[0]["val_loss"] is None and steps[1]["val_loss"] == 2.5
+    assert (steps[1]["messages"], steps[1]["flags"], steps[1]["tampered_flagged"], steps[1]["clean_flagged"]) == (
+        2,
+        2,
+        1,
+        1,
+    )
+    assert steps[1]["bans"] == 1 and steps[1]["banned"] == "s1r0" and steps[2]["bans"] == 0
+
+
 def test_a_worker_banned_for_an_injected_fault_is_a_true_ban():
     """dist `--fault`: the fault's sender is not in the adversary's malicious list, but it sent the bad
     message (ground truth `fault_shape`) and was banned for it: a true ban, and its fault was banned."""

@@ -111,10 +111,54 @@ def test_contaminated_downstream_messages_are_neither_positive_nor_negative():
 
 
 def test_with_a_clean_twin_the_threshold_is_set_on_its_honest_traffic():
-    attacked = _log([(5, "a", False, {"e": 50.0}, True), (5, "b", True, {"e": 60.0}, True),
-                     (6, "a", False, {"e": 1.0}, False), (6, "b", True, {"e": 8.0}, True)])
+    attacked = _log(
+        [
+            (5, "a", False, {"e": 50.0}, True),
+            (5, "b", True, {"e": 60.0}, True),
+            (6, "a", False, {"e": 1.0}, False),
+            (6, "b", True, {"e": 8.0}, True),
+        ]
+    )
     clean = _log([(5, "a", False, {"e": v}, v > 4) for v in (1.0, 2.0, 3.0, 3.5)])
     rule = roc_report(attacked, RULE, 0.2, "open_loop", clean)["rule"]
     rec = rule["recommended"]
     assert rec["negatives_from"] == "clean_twin" and rec["threshold"] == 3.5 and rec["fpr"] == 0.0  # 1 of 4 > 0.2
     assert rec["tpr"] == 1.0 and rec["fpr_this_run"] == 0.5 and rule["auroc_vs_clean_twin"] == 1.0
+
+
+# -- scikit-learn against the hand-written code it replaced (kept here as the reference) ---------------------
+def _hand_auroc(pos, neg):
+    from scipy.stats import rankdata
+
+    ranks = rankdata(np.concatenate([pos, neg]))
+    return float((ranks[: len(pos)].sum() - len(pos) * (len(pos) + 1) / 2.0) / (len(pos) * len(neg)))
+
+
+def _hand_curves(pos, neg):
+    values = np.unique(np.concatenate([pos, neg]))[::-1]
+    tp = len(pos) - np.searchsorted(np.sort(pos), values, side="left")
+    fp = len(neg) - np.searchsorted(np.sort(neg), values, side="left")
+    precision = np.where(tp + fp > 0, tp / np.maximum(tp + fp, 1), np.nan)
+    return {"thresholds": values, "fpr": fp / len(neg), "tpr": tp / len(pos), "precision": precision}
+
+
+def _hand_ap(pos, neg):
+    c = _hand_curves(pos, neg)
+    return float(np.nansum(np.diff(np.concatenate([[0.0], c["tpr"]])) * c["precision"]))
+
+
+# few distinct values (many ties) and the +-inf the decision scores use
+_scores = st.lists(
+    st.sampled_from([-np.inf, -1.0, 0.0, 0.5, 1.0, 2.0, np.inf]) | st.floats(-3, 3), min_size=1, max_size=25
+)
+
+
+@given(_scores, _scores)
+@settings(max_examples=150, deadline=None)
+def test_scikit_learn_curves_equal_the_hand_written_ones_ties_and_infinities_included(pos, neg):
+    pos, neg = np.array(pos), np.array(neg)
+    assert auroc(pos, neg) == pytest.approx(_hand_auroc(pos, neg), abs=1e-12)
+    assert average_precision(pos, neg) == pytest.approx(_hand_ap(pos, neg), abs=1e-12)
+    got, want = curves(pos, neg), _hand_curves(pos, neg)
+    for key in ("thresholds", "fpr", "tpr", "precision"):
+        np.testing.assert_allclose(got[key], want[key], rtol=0, atol=1e-12)
