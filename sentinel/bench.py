@@ -17,9 +17,15 @@ import torch
 
 from sentinel import scenario as scenario_mod
 from sentinel.data import Dataset
+from sentinel.distributed.launch import launch
+from sentinel.distributed.runtime import Options
 from sentinel.engine.optim import lr_at, make_optimizer
 from sentinel.engine.sim import SimEngine
 from sentinel.model import build_stages, loss_fn
+from sentinel.parallel import cpu_count
+from sentinel.progress import Progress
+from sentinel.runner import build_engine
+from sentinel.sweep import run_sweep
 
 SCENARIOS = Path(__file__).resolve().parent.parent / "scenarios" / "bench"
 BENCHMARKS: list[Callable[[bool], dict]] = []
@@ -181,7 +187,6 @@ def detector_overhead(quick: bool) -> dict:
     activation and one stage forward plus an input-gradient backward per gradient, i.e. about 9 of the
     12 forward-equivalents a 4-stage step costs (F + 2F backward per stage): ~1.75x.
     """
-    from sentinel.runner import build_engine
 
     accept = "response.on_flag=accept"
     configs = {
@@ -234,8 +239,6 @@ def dist_vs_sim(quick: bool) -> dict:
     import json
     import tempfile
 
-    from sentinel.distributed.launch import launch
-    from sentinel.distributed.runtime import Options
 
     steps = 4 if quick else 12
     overrides = ["pipeline.stages=3", f"training.steps={steps}", f"training.eval_every={steps}"]
@@ -278,8 +281,6 @@ def _dist_timing(name: str, overrides: list[str], nproc: int, verifiers: int | N
     import json
     import tempfile
 
-    from sentinel.distributed.launch import launch
-    from sentinel.distributed.runtime import Options
 
     with tempfile.TemporaryDirectory() as tmp:
         launch(
@@ -345,8 +346,6 @@ def sweep_parallel_speedup(quick: bool) -> dict:
     """
     import tempfile
 
-    from sentinel.parallel import cpu_count
-    from sentinel.sweep import run_sweep
 
     overrides = ["training.steps=12", "training.eval_every=12"] if quick else []
     wall = {}
@@ -405,8 +404,6 @@ def run_all(quick: bool = False, threads: int = 1) -> dict:
     """Every benchmark, with the 1-minute load average before and after each; a figure taken while the load
     exceeded the core count is flagged (`flags`): it measures the other processes as much as this code."""
     global PROGRESS, THREADS
-    from sentinel.parallel import cpu_count
-    from sentinel.progress import Progress
 
     THREADS = threads
     cores = cpu_count()

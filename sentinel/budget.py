@@ -34,6 +34,9 @@ from pathlib import Path
 from typing import Any
 
 from sentinel.errors import ConfigError
+from sentinel.model import split_layers
+from sentinel.registry import REGISTRIES
+from sentinel.scenario import Scenario
 
 GIB = 1 << 30
 RUNTIME_BYTES = GIB // 2  # measured: ~0.45 GiB resident for `sentinel run` on the quickstart
@@ -60,7 +63,6 @@ def model_dims(sc) -> ModelDims:
 
     The one place the estimate depends on the model family (HF models will answer here instead).
     """
-    from sentinel.model import split_layers
 
     m = sc.model
     vocab = m.vocab or (256 if sc.data.source == "text" else sc.data.vocab)
@@ -174,7 +176,6 @@ def _data_bytes(sc) -> int:
 def plugin_bytes(sc) -> int:
     """State the scenario's plug-ins declare: an optional `memory_bytes(config, scenario) -> int` classmethod
     on a detector, aggregator, codec or attack (e.g. a detector's windows per stream) joins the estimate."""
-    from sentinel.registry import REGISTRIES
 
     t = sc.transport
     specs = [
@@ -267,7 +268,6 @@ def _lookup(data: dict, dotted: str) -> Any:
 
 def driving_key(sc, term: Term) -> str:
     """The key of `term` furthest above its default (by ratio): the one to lower first."""
-    from sentinel.scenario import Scenario
 
     now, default = sc.to_dict(), Scenario().to_dict()
     best, best_ratio = term.keys[0], 0.0

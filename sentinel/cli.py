@@ -1,5 +1,9 @@
 """The `sentinel` command line.
 
+Each command imports the modules it needs when it runs (the only function-level imports of the package
+besides numba's kernels): `sentinel list`, `describe` and the error path of a bad flag do not pay for
+torch, the engine or the distributed backend.
+
 Exit codes: 0 ok, 2 bad input (scenario, flags), 1 a run that failed for another reason.
 Bad input never produces a traceback: errors are printed one per line, located.
 """

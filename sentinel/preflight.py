@@ -19,8 +19,11 @@ from pathlib import Path
 
 from attacks.assignment import malicious_per_stage, open_stages
 from proofs.honest_majority import prob_stage_compromised
-from sentinel import budget
+from sentinel import budget, sweep
 from sentinel import scenario as scenario_mod
+from sentinel.distributed.mapping import check_world, default_nproc
+from sentinel.distributed.runtime import check_supported
+from sentinel.engine.checkpoint import latest
 from sentinel.errors import ConfigError
 
 PSEUDO_FS = ("/proc", "/sys", "/dev")  # kernel interfaces, never result folders
@@ -110,9 +113,6 @@ def _check_flags(req: Request) -> None:
 
 def _check_dist(req: Request, sc) -> int:
     """The dist backend's limits, checked before torchrun starts a single process."""
-    from sentinel.distributed.launch import default_nproc
-    from sentinel.distributed.mapping import check_world
-    from sentinel.distributed.runtime import check_supported
 
     try:
         check_supported(sc)
@@ -127,7 +127,6 @@ def _check_dist(req: Request, sc) -> int:
 
 def check_resume(resume: str, nproc: int | None = None) -> Path:
     """`--resume DIR`: a run folder, its checkpoints folder or a step folder holding a complete checkpoint."""
-    from sentinel.engine.checkpoint import latest
 
     root = Path(resume)
     try:
@@ -156,7 +155,6 @@ def check_resume(resume: str, nproc: int | None = None) -> Path:
 
 def check_sweep(req: Request, limit: int | None, source: str) -> list[dict]:
     """The sweep's grid as `sentinel sweep` expands it, every point validated and within the budget."""
-    from sentinel import sweep
 
     base = scenario_mod.load(req.scenario, list(req.set))
     grid = base.sweep.grid

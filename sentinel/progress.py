@@ -216,3 +216,15 @@ def drain(queue: Any, progress: Progress, stop: threading.Event) -> threading.Th
     thread = threading.Thread(target=loop, daemon=True, name="progress-drain")
     thread.start()
     return thread
+
+
+def training_progress(total: int, label: str, progress) -> JobProgress:
+    """The `on_step(step, loss, val)` callback of one training (also used by the dist backend's trainer).
+
+    `progress`: a shared progress (`sentinel.progress.Progress` or `QueueProgress`: this training's steps
+    count there), or a flag for a progress of its own (False: silent; None or True: a bar on a terminal,
+    lines with an ETA otherwise).
+    """
+    if hasattr(progress, "job"):
+        return progress.job(label, total)
+    return JobProgress(Progress(total, label, enabled=progress is not False), label, total, owned=True)

@@ -28,17 +28,19 @@ import yaml
 
 from attacks import build_adversary
 from attacks.validation import white_box_attacks
-from sentinel.detectors import build_defence
-from sentinel.detectors.verifier import PublishedState
+from sentinel import scenario as scenario_mod
+from sentinel.config import build
+from sentinel.detectors.verifier import PublishedState, build_defence
 from sentinel.engine import checkpoint
 from sentinel.engine.clock import network_report
 from sentinel.engine.hooks import StepHook
 from sentinel.engine.sim import SimEngine
 from sentinel.engine.step import StepProgram, StepState
-from sentinel.errors import RunError
+from sentinel.errors import ConfigError, RunError
 from sentinel.eventlog import EventLog
-from sentinel.progress import JobProgress, Progress
-from sentinel.scenario import Scenario
+from sentinel.parallel import TaskPool, thread_count
+from sentinel.progress import Progress, training_progress
+from sentinel.scenario import DetectorSpec, Scenario
 from sentinel.scoring.metrics import impact_metrics
 from sentinel.scoring.report import finish
 from sentinel.scoring.summary import build_summary, confirmation_metrics, threshold_rule
@@ -75,25 +77,11 @@ def malicious_workers(engine: StepProgram) -> list[str]:
 def twin_scenario(scenario: Scenario, kind: str) -> Scenario:
     """`clean`: no attack, the scenario's detector and response (its false positives, false bans and ARL0
     are the honest cost of the defence). `undefended`: the attack, no detector."""
-    from sentinel.config import build
-    from sentinel.scenario import DetectorSpec
 
     if kind == "clean":
         adv = dataclasses.replace(scenario.adversary, attacks=())
         return dataclasses.replace(scenario, adversary=adv, name=f"{scenario.name}:clean")
     return dataclasses.replace(scenario, detector=build(DetectorSpec, "none"), name=f"{scenario.name}:undefended")
-
-
-def _Progress(total: int, label: str, progress):
-    """The `on_step(step, loss, val)` callback of one training (also used by the dist backend's trainer).
-
-    `progress`: a shared progress (`sentinel.progress.Progress` or `QueueProgress`: this training's steps
-    count there), or a flag for a progress of its own (False: silent; None or True: a bar on a terminal,
-    lines with an ETA otherwise).
-    """
-    if hasattr(progress, "job"):
-        return progress.job(label, total)
-    return JobProgress(Progress(total, label, enabled=progress is not False), label, total, owned=True)
 
 
 def _planned_steps(scenario: Scenario) -> int:
@@ -124,7 +112,7 @@ def train(
     ckpt = checkpoint.resume_point(resume, out_dir, top if top is not None else out_dir)
     if ckpt is not None:
         checkpoint.load(engine, ckpt)
-    bar = _Progress(scenario.training.steps, label, progress)
+    bar = training_progress(scenario.training.steps, label, progress)
     t0 = time.perf_counter()
 
     def save(program) -> None:
@@ -185,7 +173,6 @@ def run_twin(sc: Scenario, out_dir: Path, trainer, progress, label: str, cache: 
 
 def _twin_task(task: tuple, sink) -> str:
     """Pool task: one twin (scenario as a dict, folder, label, cache) trained or reused; returns its folder."""
-    from sentinel import scenario as scenario_mod
 
     data, out_dir, label, cache = task
     run_twin(scenario_mod.validate(data), Path(out_dir), train, sink, label, Path(cache) if cache else None)
@@ -198,7 +185,6 @@ def run_twins(
     """The twins of `scenario` and `main()` (the run itself); with `jobs > 1` the twins train in
     `jobs - 1` processes of the shared pool while `main()` trains here (the plain `train` only: a custom
     trainer, checkpoints or a resume keep the twins in this process). Returns (twin logs, main's result)."""
-    from sentinel.parallel import TaskPool, thread_count
 
     kinds = list(scenario.scoring.twins)
     if jobs <= 1 or not kinds:
@@ -319,8 +305,6 @@ def _run(
 
 def confirm_scenario(scenario: Scenario, summary: dict) -> Scenario | None:
     """The closed-loop run at the open-loop run's recommended threshold (None when there is none to run)."""
-    from sentinel import scenario as scenario_mod
-    from sentinel.errors import ConfigError
 
     rule = (summary["detection"].get("roc") or {}).get("rule")
     if scenario.detector.mode != "open_loop" or not scenario.scoring.confirm or not rule:

@@ -5,8 +5,8 @@
     norm_zscore, cusum, page_hinkley   streaming change detectors on a scalar   (scalar.py)
     duplication, spot_check, cross_replica   trusted recomputation             (recompute.py)
 
-`build_defence(scenario, mesh, recompute, inputs)` returns the (verifiers, responder) pair the runner installs on the
-transport (verifier.py, sentinel/response.py).
+`sentinel.detectors.verifier.build_defence(scenario, mesh, recompute, inputs)` returns the verifiers (one per
+boundary) and the response policy a backend installs on its relay (verifier.py, sentinel/response.py).
 """
 
 from sentinel.detectors.base import Detector, DetectorEnv, Verdict
@@ -40,17 +40,5 @@ def _detector_params(sc) -> list[tuple[str, str]]:
     """Rules a detector states about its own parameters (`check_config(config) -> [(key, message)]`)."""
     return [(f"detector.{key}", msg) for key, msg in DETECTORS.get(sc.detector.name).check_config(sc.detector.config)]
 
+
 __all__ = ["Detector", "DetectorEnv", "Verdict", "NoDetector"]
-
-
-def build_defence(scenario, mesh, recompute_hook=None, inputs=None):
-    """(verifiers, responder) for this scenario: one verifier per boundary; ({}, None) when the detector is `none`.
-
-    `mesh` is the response policy's MeshControl; `recompute_hook` the backend's trusted recomputation, if any;
-    `inputs` what the sender of the message being judged received (`sentinel.transport.relay.InFlight`).
-    """
-    if scenario.detector.name == "none":
-        return {}, None
-    from sentinel.detectors.verifier import build
-
-    return build(scenario, mesh, recompute_hook, inputs)

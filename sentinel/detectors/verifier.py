@@ -191,8 +191,13 @@ def build_verifiers(scenario, mesh: MeshControl | None, recompute=None, inputs=N
     return out
 
 
-def build(scenario, mesh: MeshControl | None, recompute=None, inputs=None) -> tuple[dict[int, Verifier], Responder]:
-    """(verifier per boundary, Responder) for the scenario's `detector` and `response` sections."""
+def build_defence(scenario, mesh: MeshControl | None, recompute=None,
+                  inputs=None) -> tuple[dict[int, Verifier], Responder | None]:
+    """(verifier per boundary, Responder) for the scenario's `detector` and `response` sections; ({}, None) when the
+    detector is `none`. `mesh` is the response policy's MeshControl; `recompute` the backend's trusted
+    recomputation, if any; `inputs` what the sender of the message being judged received (an `InFlight`)."""
+    if scenario.detector.name == "none":
+        return {}, None
     return build_verifiers(scenario, mesh, recompute, inputs), Responder(scenario.response, mesh,
                                                                          mode=scenario.detector.mode)
 

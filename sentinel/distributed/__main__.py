@@ -13,8 +13,10 @@ import sys
 import traceback
 from pathlib import Path
 
+from sentinel import runner, scenario
 from sentinel.distributed.driver import trainer, worker_loop, write_exit
 from sentinel.distributed.faults import parse_faults
+from sentinel.distributed.mapping import RankMap
 from sentinel.distributed.runtime import Options, Runtime, check_supported
 from sentinel.errors import ConfigError, SentinelError
 
@@ -50,7 +52,6 @@ def options_from(args: argparse.Namespace) -> Options:
 
 
 def _rank0(args: argparse.Namespace, rt: Runtime, top: Path) -> None:
-    from sentinel import runner, scenario
 
     try:
         sc = scenario.load(args.scenario, args.set)
@@ -70,7 +71,6 @@ def _rank0(args: argparse.Namespace, rt: Runtime, top: Path) -> None:
 
 
 def rt_map(sc, rt: Runtime) -> list[tuple[int, str]]:
-    from sentinel.distributed.mapping import RankMap
 
     return RankMap(sc.pipeline.stages, sc.pipeline.replicas, rt.world, rt.options.verifiers).table()
 

@@ -26,6 +26,7 @@ from sentinel.distributed.runtime import Runtime, check_supported
 from sentinel.engine import checkpoint
 from sentinel.errors import RunError
 from sentinel.eventlog import EventLog
+from sentinel.progress import training_progress
 from sentinel.scenario import Scenario, validate
 
 
@@ -52,14 +53,12 @@ def _run_job(program: DistProgram, rt: Runtime, out_dir: Path | None, top: Path 
 # -- rank 0 --------------------------------------------------------------------------------------------
 def trainer(rt: Runtime, top: Path | None):
     """A `runner.train`-compatible function that runs each job on the whole process group."""
-    from sentinel.runner import _Progress as Progress
-
     def train(scenario: Scenario, out_dir: Path | None, progress: bool | None = None, label: str = "run"):
         check_supported(scenario)
         out_dir = Path(out_dir) if out_dir is not None else None
         rt.announce({"scenario": scenario.to_dict(), "out": str(out_dir) if out_dir else None, "label": label})
         log = EventLog()
-        program, bar, t0 = None, Progress(scenario.training.steps, label, progress), time.perf_counter()
+        program, bar, t0 = None, training_progress(scenario.training.steps, label, progress), time.perf_counter()
         try:
             program = DistProgram(scenario, rt, log)
             rt.ready()

@@ -18,28 +18,21 @@ from pathlib import Path
 
 from sentinel import scenario as scenario_mod
 from sentinel.distributed.faults import parse_faults
-from sentinel.distributed.mapping import RankMap, check_world
+from sentinel.distributed.mapping import RankMap, check_world, default_nproc
 from sentinel.distributed.merge import merge
 from sentinel.distributed.runtime import Options, check_supported
-from sentinel.errors import RunError
+from sentinel.errors import ConfigError, RunError
 from sentinel.eventlog import EventLog
 from sentinel.preflight import check_resume
 
 
 def options_from_cli(args) -> Options:
     """Options from `sentinel run` flags (validated like `python -m sentinel.distributed`'s)."""
-    from sentinel.errors import ConfigError
 
     if args.timeout <= 0 or args.checkpoint_every < 0:
         raise ConfigError("--timeout must be > 0 and --checkpoint-every >= 0")
     return Options(timeout_s=args.timeout, checkpoint_every=args.checkpoint_every, resume=args.resume,
                    device=args.device or "cpu", verifiers=args.verifiers)
-
-
-def default_nproc(sc, verifiers: int | None = None) -> int:
-    """One process per worker plus one verifier per boundary (or `verifiers` of them)."""
-    v = verifiers if verifiers is not None else max(1, sc.pipeline.stages - 1)
-    return sc.num_workers + v
 
 
 def torchrun_command(scenario_path: str, out: Path, overrides: list[str], nproc: int, options: Options,

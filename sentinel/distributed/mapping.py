@@ -29,6 +29,12 @@ def default_verifiers(num_stages: int, world_size: int) -> int:
     return max(1, min(num_stages - 1, world_size - num_stages))
 
 
+def default_nproc(sc, verifiers: int | None = None) -> int:
+    """One process per worker plus one verifier per boundary (or `verifiers` of them)."""
+    v = verifiers if verifiers is not None else max(1, sc.pipeline.stages - 1)
+    return sc.num_workers + v
+
+
 def check_world(num_stages: int, num_replicas: int, world_size: int, verifiers: int | None = None) -> int:
     """The number of verifier processes, or ConfigError unless `world_size` processes can host the mesh."""
     boundaries = max(1, num_stages - 1)

@@ -22,9 +22,8 @@ import torch.distributed as dist
 
 from attacks import build_adversary
 from attacks.validation import white_box_attacks
-from sentinel.detectors import build_defence
 from sentinel.detectors.recompute import Duplication
-from sentinel.detectors.verifier import PublishedState, build_verifiers
+from sentinel.detectors.verifier import PublishedState, build_defence, build_verifiers
 from sentinel.distributed.channels import StepEnd, VerifierChannel, WorkerChannel
 from sentinel.distributed.faults import FaultInjector, parse_faults
 from sentinel.distributed.mapping import COORDINATOR, RankMap

@@ -32,7 +32,8 @@ from sentinel import budget, safeyaml
 from sentinel.config import _Problems, build
 from sentinel.errors import ConfigError
 from sentinel.eventlog import EventLog, Table
-from sentinel.scenario import DataConfig, ModelConfig, PipelineConfig, ScoringConfig, TrainingConfig
+from sentinel.scenario import DataConfig, DetectorSpec, ModelConfig, PipelineConfig, ScoringConfig, TrainingConfig
+from sentinel.scoring.summary import threshold_rule
 
 MAX_JSON_BYTES = 64 << 20
 TWINS = ("clean", "undefended")
@@ -310,8 +311,6 @@ def _rule(sc: SavedScenario, log: EventLog, raw: dict) -> dict | None:
     """The threshold rule saved at run time; folders from before it was saved ask the detector's plug-in."""
     if "threshold_rule" in log.meta:
         return log.meta["threshold_rule"]  # checked by _check_meta
-    from sentinel.scenario import DetectorSpec
-    from sentinel.scoring.summary import threshold_rule
 
     try:  # an old folder: the rule comes from the detector's code, as it did when the folder was written
         return threshold_rule(type("Saved", (), {"detector": build(DetectorSpec, raw.get("detector"))})())

@@ -13,7 +13,7 @@ from pathlib import Path
 
 from sentinel import strictjson
 from sentinel.eventlog import EventLog
-from sentinel.scoring import plots
+from sentinel.scoring import folders, plots
 from sentinel.scoring.metrics import STEP_COLUMNS, impact_metrics, step_rows
 from sentinel.scoring.summary import build_summary, confirmation_metrics
 from sentinel.scoring.tables import (
@@ -75,7 +75,6 @@ def write_metrics_csv(path: Path, log: EventLog) -> None:
 
 def rebuild(out_dir: Path) -> dict:
     """Recompute summary.json, report.md and plots of a saved run folder (validated first: folders.py)."""
-    from sentinel.scoring import folders
 
     run = folders.load(Path(out_dir))  # ConfigError naming the folder and every problem; no plug-in imported
     out_dir, sc, log, old, twins = run.path, run.scenario, run.log, run.old_summary, run.twins

@@ -7,13 +7,13 @@ are undefined (0/0, e.g. precision with no flags) are written as null.
 from __future__ import annotations
 
 from sentinel.eventlog import EventLog
+from sentinel.registry import DETECTORS
 from sentinel.scoring.metrics import arl0, message_metrics, worker_metrics
 from sentinel.scoring.roc import roc_report
 
 
 def threshold_rule(scenario) -> dict | None:
     """The scenario detector's threshold rule (`Detector.threshold_rule`), or None if it declares none."""
-    from sentinel.registry import DETECTORS
 
     cls = DETECTORS.get(scenario.detector.name)
     fn = getattr(cls, "threshold_rule", None)

@@ -33,12 +33,14 @@ from typing import Any
 import numpy as np
 import yaml
 
+from sentinel import scenario as scenario_mod
 from sentinel import strictjson
 from sentinel.errors import ConfigError
 from sentinel.eventlog import EventLog
 from sentinel.scoring.metrics import checked_messages
 from sentinel.scoring.roc import _paused, rule_scores
 from sentinel.scoring.stats import METHOD, mean_ci
+from sentinel.scoring.summary import threshold_rule
 from sentinel.scoring.tables import md_table
 
 SKIP = {"confirm", "twins"}  # a run's closed-loop confirmation; a sweep's twin cache
@@ -82,8 +84,6 @@ def _flat(d: Any, prefix: str = "") -> dict[str, str]:
 
 def load_run(d: Path) -> dict:
     """One open-loop run's decision scores: per attack the tampered messages', and the honest negatives."""
-    from sentinel import scenario as scenario_mod
-    from sentinel.scoring.summary import threshold_rule
 
     try:
         sc = scenario_mod.validate(yaml.safe_load((d / "scenario.yaml").read_text()))

@@ -13,10 +13,14 @@ from typing import Any
 
 import yaml
 
+from sentinel import scenario as scenario_mod
 from sentinel.errors import ConfigError, RunError
+from sentinel.parallel import check_jobs, cpu_count, thread_count
+from sentinel.progress import Progress
 from sentinel.sweep.execute import Plan, make_plan, planned_steps, run_local
 from sentinel.sweep.plan import grid_points, label, labels_for, reference_values, row_labels, slug
 from sentinel.sweep.plots import plot_sweep
+from sentinel.sweep.ray_executor import run_ray
 from sentinel.sweep.summary import load_runs, markdown, summarise, write_csvs
 
 __all__ = ["grid_points", "label", "labels_for", "row_labels", "slug", "run_sweep", "run_seeds", "tabulate"]
@@ -37,7 +41,6 @@ def run_sweep(
     Returns one record per finished run (labels, seed, HEADLINE values). Raises RunError (exit 1) after
     tabulating when runs failed, naming them.
     """
-    from sentinel import scenario as scenario_mod
 
     base = scenario_mod.load(path, list(overrides))
     points = grid_points(base)
@@ -68,8 +71,6 @@ def _execute(
     progress: bool,
     title: str,
 ) -> list[dict]:
-    from sentinel.parallel import check_jobs, cpu_count, thread_count
-    from sentinel.progress import Progress
 
     check_jobs(jobs)
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -91,7 +92,6 @@ def _execute(
         )
         try:
             if executor == "ray":
-                from sentinel.sweep.ray_executor import run_ray
 
                 failures = run_ray(todo, address, n_threads, bar)
             else:

@@ -13,8 +13,12 @@ import dataclasses
 from pathlib import Path
 from typing import Any
 
+from sentinel import runner
 from sentinel import scenario as scenario_mod
 from sentinel.errors import ConfigError
+from sentinel.parallel import pool_map
+from sentinel.progress import JobProgress
+from sentinel.runner import twin_key, twin_scenario
 from sentinel.sweep.plan import RunTask, overrides, row_labels, run_dir, seeds_of
 
 
@@ -61,7 +65,6 @@ def make_plan(path: str | Path, base_overrides: list[str], out_dir: Path, points
 def planned_steps(todo: list[RunTask]) -> int:
     """Training steps the unfinished runs will do: each run and its confirmation, and every twin once
     (twins identical across runs are trained once and shared; finished ones are not trained again)."""
-    from sentinel.runner import twin_key, twin_scenario
 
     total, twins = 0, set()
     for t in todo:
@@ -89,14 +92,12 @@ class _Labelled:
         self.sink.add_total(n)
 
     def job(self, label: str, steps: int):
-        from sentinel.progress import JobProgress
 
         return JobProgress(self, label if label in ("clean", "undefended", "confirm") else "run", steps)
 
 
 def execute_run(task: RunTask, sink: Any) -> str:
     """Run one (point, seed) into its folder (twins from the sweep's shared cache); returns the folder."""
-    from sentinel import runner
 
     sc = scenario_mod.validate(task.scenario)
     runner.run(
@@ -110,7 +111,6 @@ def execute_run(task: RunTask, sink: Any) -> str:
 
 def run_local(todo: list[RunTask], jobs: int, threads: int, progress: Any) -> list[tuple[RunTask, BaseException]]:
     """Every task in `jobs` processes (inline for 1); returns the failures (task, error)."""
-    from sentinel.parallel import pool_map
 
     failures = []
     for task, _, error in pool_map(execute_run, todo, jobs, progress, threads):

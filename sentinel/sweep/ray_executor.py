@@ -26,7 +26,10 @@ import threading
 from pathlib import Path
 from typing import Any
 
-from sentinel.errors import ConfigError
+from sentinel.errors import ConfigError, RunError
+from sentinel.parallel import cpu_count, set_threads
+from sentinel.progress import JobProgress, QueueProgress, drain
+from sentinel.sweep.execute import execute_run
 from sentinel.sweep.plan import RunTask
 
 INSTALL = 'pip install -e ".[ray]"  (or: pip install ray)'
@@ -112,9 +115,6 @@ def _unpack(data: bytes, dest: Path) -> None:
 
 def ray_run(task: RunTask, threads: int, cache_tag: str, queue: Any) -> tuple[bytes, str | None]:
     """Body of a Ray task: run into a temporary folder, return (the folder as tar.gz, error text or None)."""
-    from sentinel.parallel import set_threads
-    from sentinel.progress import QueueProgress
-    from sentinel.sweep.execute import execute_run
 
     set_threads(threads)
     cache = Path(tempfile.gettempdir()) / "sentinel-ray-twins" / cache_tag  # shared by this host's tasks
@@ -145,7 +145,6 @@ class _Null:
         pass
 
     def job(self, label: str, steps: int):
-        from sentinel.progress import JobProgress
 
         return JobProgress(self, label, steps)
 
@@ -154,9 +153,6 @@ def run_ray(
     todo: list[RunTask], address: str | None, threads: int, progress: Any
 ) -> list[tuple[RunTask, BaseException]]:
     """Every task as a Ray task; unpack each finished folder as it arrives. Returns the failures."""
-    from sentinel.errors import RunError
-    from sentinel.parallel import cpu_count
-    from sentinel.progress import drain
 
     ray, started = connect(address, num_cpus=cpu_count())
     from ray.util.queue import Queue

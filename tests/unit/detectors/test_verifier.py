@@ -249,7 +249,7 @@ def test_env_says_whether_the_response_may_ask_for_a_substitute(tiny_scenario):
 
 def test_the_relay_checks_re_masked_replays_only_under_a_random_position_codec():
     from sentinel import scenario as scenario_mod
-    from sentinel.detectors.verifier import build
+    from sentinel.detectors.verifier import build_defence as build
     from sentinel.runner import build_engine
     from sentinel.transport.message import Role
 
