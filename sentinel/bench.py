@@ -18,7 +18,7 @@ from sentinel import scenario as scenario_mod
 from sentinel.data import Dataset
 from sentinel.engine.optim import lr_at, make_optimizer
 from sentinel.engine.sim import SimEngine
-from sentinel.model import build_stages, loss_fn
+from sentinel.model import build_stages, dims, loss_fn
 
 SCENARIOS = Path(__file__).resolve().parent.parent / "scenarios" / "bench"
 BENCHMARKS: list[Callable[[bool], dict]] = []
@@ -38,7 +38,7 @@ class PlainLoop:
 
     def __init__(self, sc: scenario_mod.Scenario):
         self.sc, self.data = sc, Dataset(sc)
-        self.model = build_stages(sc.model, sc.model.vocab or self.data.vocab, 1, sc.seed)[0]
+        self.model = build_stages(sc.model, dims(sc).vocab, 1, sc.seed)[0]
         self.opt = make_optimizer(self.model.parameters(), sc.training)
         self.step = 0
 

@@ -24,6 +24,7 @@ from pathlib import Path
 
 import yaml
 
+from sentinel.data import prepare as prepare_data
 from sentinel.engine.sim import SimEngine
 from sentinel.errors import RunError
 from sentinel.eventlog import EventLog
@@ -158,6 +159,7 @@ def run(scenario: Scenario, out_dir: Path, progress: bool | None = None, backend
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / "scenario.yaml").write_text(yaml.safe_dump(scenario.to_dict(), sort_keys=False))
+    prepare_data(scenario, out_dir)  # a BPE tokenizer trained once, kept in the result folder for twins and reruns
     t0 = time.perf_counter()
     twins = {}
     for kind in scenario.scoring.twins:

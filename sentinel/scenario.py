@@ -18,24 +18,45 @@ from sentinel.errors import ConfigError
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
+class HFModelConfig:
+    """A transformers causal LM (model.source: hf): built from a config at random init, or loaded from a folder."""
+
+    config: dict[str, Any] | None = spec(None, help="a transformers config: `model_type` (llama, mistral, qwen2, "
+                                         "gpt2) and that family's keys, e.g. hidden_size; random init from the seed")
+    path: str | None = spec(None, help="local folder with config.json and *.safetensors weights (loaded offline)")
+    attn_implementation: Literal["sdpa", "eager"] = spec("sdpa", help="transformers attention kernel")
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
 class ModelConfig:
-    layers: int = spec(4, ge=1, le=1024, help="transformer blocks, split evenly over the stages")
-    dim: int = spec(64, ge=4, le=65536, help="model width")
-    heads: int = spec(4, ge=1, help="attention heads; dim / heads must be even (rotary)")
+    source: Literal["builtin", "hf"] = spec("builtin", help="the built-in Llama-style model, or a transformers "
+                                            "model (model.hf; needs pip install -e '.[hf]')")
+    layers: int = spec(4, ge=1, le=1024, help="builtin: transformer blocks, split evenly over the stages")
+    dim: int = spec(64, ge=4, le=65536, help="builtin: model width")
+    heads: int = spec(4, ge=1, help="builtin: attention heads; dim / heads must be even (rotary)")
     seq_len: int = spec(64, ge=2, le=65536, help="tokens per sequence")
-    vocab: int | None = spec(None, ge=2, help="vocabulary size; default: the data source's")
-    ffn_hidden: int | None = spec(None, ge=1, help="SwiGLU hidden width; default ~8/3 * dim")
+    vocab: int | None = spec(None, ge=2, help="vocabulary size; default: the tokenizer's (or the hf config's)")
+    ffn_hidden: int | None = spec(None, ge=1, help="builtin: SwiGLU hidden width; default ~8/3 * dim")
+    hf: HFModelConfig = dataclasses.field(default_factory=HFModelConfig)
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class DataConfig:
     source: Literal["synthetic", "text"] = spec("synthetic", help="seeded Markov source, or local text")
-    path: str | None = spec(None, help="text file for source=text (default: Python's bundled docs)")
+    path: str | None = spec(None, help="source=text: a text file, a folder of text files, or a JSONL file "
+                            "(one document per line; default: Python's bundled docs)")
+    tokenizer: Literal["bytes", "bpe", "hf"] = spec("bytes", help="source=text: bytes (vocab 256), a byte-level "
+                                                   "BPE trained on the training split, or a local transformers "
+                                                   "tokenizer (tokenizer_path)")
+    bpe_vocab: int = spec(4096, ge=257, le=1_000_000, help="tokenizer=bpe: vocabulary size to train")
+    tokenizer_path: str | None = spec(None, help="tokenizer=hf: local tokenizer folder (default: model.hf.path)")
+    text_field: str = spec("text", help="JSONL corpus: the key holding each document's text")
     batch_size: int = spec(8, ge=1, help="sequences per microbatch")
     vocab: int = spec(64, ge=2, le=4096, help="synthetic source: number of token types")
     order: int = spec(1, ge=1, le=3, help="synthetic source: Markov order")
     concentration: float = spec(0.1, gt=0, help="synthetic source: Dirichlet concentration of each transition row")
-    val_fraction: float = spec(0.1, gt=0, lt=1, help="text source: held-out tail fraction")
+    val_fraction: float = spec(0.1, gt=0, lt=1, help="text source: held-out fraction (of the documents, or the "
+                               "tail of a single text)")
     val_batches: int = spec(4, ge=1, help="validation microbatches per evaluation")
 
 
@@ -255,33 +276,19 @@ def _wire_view(sc: Scenario) -> list[tuple[str, str]]:
 
 
 @cross_check
-def _model_shape(sc: Scenario) -> list[tuple[str, str]]:
-    m, out = sc.model, []
-    if sc.pipeline.stages > m.layers:
-        out.append(("pipeline.stages", f"{sc.pipeline.stages} stages but model.layers is {m.layers}; "
-                    f"every stage needs a block: set pipeline.stages <= {m.layers} or raise model.layers"))
-    if m.dim % m.heads:
-        out.append(("model.heads", f"model.dim ({m.dim}) must be divisible by model.heads ({m.heads})"))
-    elif (m.dim // m.heads) % 2:
-        out.append(("model.heads", f"head size dim/heads = {m.dim // m.heads} must be even for rotary positions"))
-    data_vocab = 256 if sc.data.source == "text" else sc.data.vocab
-    if m.vocab is not None and m.vocab < data_vocab:
-        out.append(("model.vocab", f"{m.vocab} is smaller than the data source's vocabulary ({data_vocab}); "
-                    "raise it or leave it unset"))
-    if sc.data.source == "synthetic" and sc.data.vocab ** sc.data.order > 2_000_000:
-        out.append(("data.order", f"vocab**order = {sc.data.vocab ** sc.data.order} Markov contexts is too many "
-                    "(max 2,000,000); lower data.vocab or data.order"))
-    return out
+def _data(sc: Scenario) -> list[tuple[str, str]]:
+    """Corpus, tokenizer and source keys (sentinel/data: readable, non-empty, at least one batch)."""
+    from sentinel import data
+
+    return data.check(sc)
 
 
 @cross_check
-def _data_path(sc: Scenario) -> list[tuple[str, str]]:
-    d = sc.data
-    if d.path is not None and d.source != "text":
-        return [("data.path", "only used with data.source: text")]
-    if d.path is not None and not Path(d.path).is_file():
-        return [("data.path", f"file not found: {d.path!r}")]
-    return []
+def _model(sc: Scenario) -> list[tuple[str, str]]:
+    """Model sizes vs stages and vocabulary; an hf model's family, config or checkpoint (sentinel/model)."""
+    from sentinel import model
+
+    return model.check(sc)
 
 
 @cross_check

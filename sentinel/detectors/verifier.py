@@ -37,6 +37,7 @@ import torch
 
 from sentinel.detectors.base import Detector, DetectorEnv, Verdict
 from sentinel.detectors.replay import Fingerprint, ReplayMemory, SparseReplayMemory
+from sentinel.model import dims
 from sentinel.registry import DETECTORS
 from sentinel.transport.message import Message
 
@@ -154,8 +155,8 @@ def wire_message(msg: Message) -> Message:
 
 
 def payload_shape(scenario) -> tuple[int, int, int]:
-    """The shape of every honest boundary tensor: (batch_size, seq_len, dim)."""
-    return (scenario.data.batch_size, scenario.model.seq_len, scenario.model.dim)
+    """The shape of every honest boundary tensor: (batch_size, seq_len, hidden)."""
+    return (scenario.data.batch_size, scenario.model.seq_len, dims(scenario).hidden)
 
 
 def make_env(scenario, engine) -> DetectorEnv:

@@ -36,7 +36,7 @@ from sentinel.dist.runtime import Mesh, Runtime
 from sentinel.engine.schedule import execute
 from sentinel.engine.workers import WorkerTable
 from sentinel.eventlog import EventLog
-from sentinel.model import build_stages, loss_fn
+from sentinel.model import build_stages, global_parameters, loss_fn
 from sentinel.scenario import Scenario
 from sentinel.transport.codecs import CodecContext
 from sentinel.transport.message import Message, Role
@@ -225,15 +225,7 @@ class RelayRank(Mesh):
 
     def parameters(self) -> dict[str, torch.Tensor]:
         """Flat name -> tensor of the weights last evaluated (names as `SimEngine.parameters`)."""
-        out, block = {}, 0
-        for m in self.eval_stages:
-            for name, p in m.named_parameters():
-                if name.startswith("blocks."):
-                    i, rest = name.split(".", 2)[1:]
-                    name = f"blocks.{block + int(i)}.{rest}"
-                out[name] = p.detach()
-            block += len(m.blocks)
-        return out
+        return global_parameters(self.eval_stages)
 
 
 class _Shadow:

@@ -17,6 +17,8 @@ import torch
 import torch.distributed as dist
 
 from sentinel.data import Dataset
+from sentinel.detectors.verifier import payload_shape
+from sentinel.model import dims
 from sentinel.dist.comm import Comm
 from sentinel.dist.mapping import RankMap
 from sentinel.engine.schedule import make_schedule
@@ -164,8 +166,8 @@ class Mesh:
         self.schedule = make_schedule(p.schedule, p.stages, p.microbatches)
         self.codecs = make_codecs(sc)
         self.data = Dataset(sc)
-        self.vocab = sc.model.vocab or self.data.vocab
-        self.payload_shape = (sc.data.batch_size, sc.model.seq_len, sc.model.dim)
+        self.vocab = dims(sc).vocab
+        self.payload_shape = payload_shape(sc)
         agg = sc.dp.aggregator
         self.aggregator = AGGREGATORS.get(agg.name)(agg.config)
         self.groups = [dist.new_group(ranks, timeout=rt.collective_timeout)  # every rank, same order

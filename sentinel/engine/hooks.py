@@ -36,9 +36,10 @@ def build_hooks(scenario, engine) -> list[StepHook]:
     """The hooks this scenario needs, attached, in the order their `after_update` must run."""
     from sentinel.engine.asynchrony import Asynchrony
     from sentinel.engine.sparse_avg import SparseAveraging
+    from sentinel.model import model_hooks
     from sentinel.transport.clock import NetworkClock
 
-    hooks: list[StepHook] = []
+    hooks: list[StepHook] = model_hooks(scenario)  # tied embeddings: gradients summed right after DP sync
     for codec in {id(c): c for c in engine.transport.codecs.values()}.values():
         if isinstance(codec, StepHook):
             hooks.append(codec)

@@ -31,7 +31,7 @@ from sentinel.engine.optim import lr_at, make_optimizer
 from sentinel.engine.schedule import Action, execute, make_schedule
 from sentinel.engine.workers import Router, WorkerTable
 from sentinel.eventlog import EventLog
-from sentinel.model import Stage, build_stages, loss_fn
+from sentinel.model import Stage, build_stages, dims, global_parameters, loss_fn
 from sentinel.registry import AGGREGATORS
 from sentinel.scenario import Scenario
 from sentinel.transport import Interceptor, Message, Responder, Role, Transport, Verifier
@@ -98,7 +98,7 @@ class SimEngine:
         self.sc = scenario
         self.log = log if log is not None else EventLog()
         self.data = Dataset(scenario)
-        self.vocab = scenario.model.vocab or self.data.vocab
+        self.vocab = dims(scenario).vocab
         p = scenario.pipeline
         self.num_stages, self.num_microbatches = p.stages, p.microbatches
         self.workers = WorkerTable(p.stages, p.replicas)
@@ -328,13 +328,4 @@ class SimEngine:
 
     def parameters(self) -> dict[str, torch.Tensor]:
         """Flat name -> tensor of the reference replicas, with names independent of the stage split."""
-        out: dict[str, torch.Tensor] = {}
-        block = 0
-        for m in self.reference_modules():
-            for name, p in m.named_parameters():
-                if name.startswith("blocks."):
-                    i, rest = name.split(".", 2)[1:]
-                    name = f"blocks.{block + int(i)}.{rest}"
-                out[name] = p.detach()
-            block += len(m.blocks)
-        return out
+        return global_parameters(self.reference_modules())

@@ -115,7 +115,7 @@ class Subspace(Codec, StepHook):
     # -- engine hooks ------------------------------------------------------------------------------
     def attach(self, engine) -> None:
         first = engine.replicas[engine.workers.live_in_stage(0)[0]].module
-        self.bind(first.embed.weight, engine.vocab, self._step_tokens, engine.sc.seed)
+        self.bind(first.input_embedding().weight, engine.vocab, self._step_tokens, engine.sc.seed)
         if self.config.project_weights:
             self.project(engine)
 
@@ -134,15 +134,14 @@ class Subspace(Codec, StepHook):
     @torch.no_grad()
     def project(self, engine) -> None:
         """W <- U U^T W for every output projection; E <- E_f + (E - E_f) U U^T (every live replica)."""
-        d = engine.sc.model.dim
+        d = self._embed.shape[1]
         U = self.basis(d)
         P = U @ U.T  # d, d
         for i in range(len(engine.replicas)):
             if not engine.workers.live[i]:
                 continue
             m = engine.replicas[i].module
-            for block in m.blocks:
-                for lin in (block.attn.out, block.mlp.down):
-                    lin.weight.copy_(P @ lin.weight)
-            if m.embed is not None:
-                m.embed.weight.copy_(self._embed + (m.embed.weight - self._embed) @ P)
+            m.project_residual_(P)  # every layer's output projections (and learned positions)
+            embed, tied_head = m.input_embedding(), m.tied_head()  # a tied head's copy moves with the embedding
+            for w in [embed.weight] * (embed is not None) + [tied_head] * (tied_head is not None):
+                w.copy_(self._embed + (w - self._embed) @ P)
