@@ -62,6 +62,9 @@ def cmd_validate(args: argparse.Namespace) -> int:
     for note in scenario.warnings_for(sc):
         print(f"warning: {note}", file=sys.stderr)
     print(f"{args.scenario}: ok ({sc.name}: {sc.num_workers} workers, {sc.training.steps} steps)")
+    from sentinel.model import summary_line
+
+    print(summary_line(sc))
     return 0
 
 

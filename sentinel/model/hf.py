@@ -27,7 +27,6 @@ import copy
 import math
 
 import torch
-import transformers
 from torch import nn
 from transformers import AutoModelForCausalLM, PreTrainedModel
 from transformers.masking_utils import create_causal_mask, create_sliding_window_causal_mask
@@ -36,8 +35,6 @@ from sentinel.model.base import Stage, split_layers
 from sentinel.model.hf_config import resolve_config
 from sentinel.model.hf_families import FAMILIES, FULL, Family
 from sentinel.scenario import ModelConfig
-
-transformers.logging.set_verbosity_error()  # no warnings about generation defaults, token ids, ...
 
 _MASKS = {FULL: create_causal_mask}
 

@@ -29,6 +29,9 @@ try:
 except ImportError:  # the [hf] extra is optional: `check` reports how to install it
     transformers = None
 
+if transformers is not None:
+    transformers.logging.set_verbosity_error()  # no notes about generation defaults or token ids out of range
+
 INSTALL = "pip install -e '.[hf]'  (transformers, tokenizers, safetensors)"
 SUPPORTED = ", ".join(sorted(FAMILIES))
 BUILTIN_ONLY = ("layers", "dim", "heads", "ffn_hidden")  # builtin-model keys that mean nothing with source: hf
@@ -133,16 +136,16 @@ def _check_mapping(mapping: dict[str, Any]) -> list[tuple[str, str]]:
         return problems
     cls = type(AutoConfig.for_model(model_type))
     known = {f.name for f in dataclasses.fields(cls)} | set(cls.attribute_map) | {"model_type"}
-    try:
-        built = AutoConfig.for_model(model_type, **{k: v for k, v in mapping.items() if k != "model_type"})
-    except Exception as exc:
-        return [("model.hf.config", f"the {model_type} family rejects this config: {_first_line(exc)}")]
-    stored = built.to_dict()
+    other = {k: v for k, v in mapping.items() if k not in known}
+    try:  # a key transformers stores verbatim is a typo; a legacy key it converts (rope_theta) is not
+        stored = AutoConfig.for_model(model_type, **other).to_dict()
+    except Exception:
+        stored = other
     out = [
         (f"model.hf.config.{k}", f"unknown key for {model_type}{did_you_mean(k, sorted(known))}")
-        for k in mapping
-        if k not in known and k in stored
-    ]  # legacy keys transformers converts are fine
+        for k in other
+        if k in stored
+    ]
     for key in FAMILIES[model_type].dropouts:
         if mapping.get(key, 0) not in (0, 0.0):
             out.append(
