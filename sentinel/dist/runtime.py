@@ -141,6 +141,10 @@ def check_supported(sc: Scenario) -> None:
                             "hook, which --backend dist does not offer; use a statistical detector")
     except ImportError:
         pass
+    if sc.pipeline.stages > 1 and dims(sc).tied:
+        problems.append("model: a tied embedding split over stages (GPT-2) needs its two gradients summed between "
+                        "the first and the last stage after DP sync (sentinel/model/tied.py), which --backend dist "
+                        "does not run yet; set model.hf.config.tie_word_embeddings: false or use --backend sim")
     if problems:
         raise ConfigError(sorted(set(problems)))
 
