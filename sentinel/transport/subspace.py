@@ -142,6 +142,7 @@ class Subspace(Codec, StepHook):
                 continue
             m = engine.replicas[i].module
             m.project_residual_(P)  # every layer's output projections (and learned positions)
-            embed, tied_head = m.input_embedding(), m.tied_head()  # a tied head's copy moves with the embedding
-            for w in [embed.weight] * (embed is not None) + [tied_head] * (tied_head is not None):
+            embed = m.input_embedding()
+            tables = ([embed.weight] if embed is not None else []) + [h for h in [m.tied_head()] if h is not None]
+            for w in tables:  # a tied head's copy moves with the embedding it copies
                 w.copy_(self._embed + (w - self._embed) @ P)

@@ -165,3 +165,21 @@ def test_projected_residual_writers_keep_the_stream_in_the_subspace(family):
     x = torch.randint(0, 32, (2, 16))
     h = stages[0](x) - stages[0].input_embedding()(x)  # B, T, C
     assert (h - h @ P).abs().max() < 1e-5 < h.abs().max()
+
+
+@pytest.mark.parametrize("family", ["llama", "gpt2"])
+def test_the_subspace_codec_is_lossless_on_transformers_stages(family):
+    """The subspace codec's weight projection through the Stage interface (GPT-2: Conv1D, positions, tied copy)."""
+    from sentinel.transport.message import Role
+    from tests.scenarios.test_compression import _Check, _Recorder, steps
+
+    rec = _Recorder()
+    check = _Check(rec)
+    sc = hf_tiny(family, "transport.codec={name: subspace, rate: 4, project_weights: true}")
+    eng = SimEngine(sc, adversary=rec, verifier=check)
+    steps(eng, 3)
+    acts = [e for e, r in zip(check.err, eng.log.messages["role"]) if r == Role.ACTIVATION]
+    assert len(acts) == 3 * 3 * 4 and max(acts) < 1e-4
+    if family == "gpt2":
+        embed, head = _tied_pair(eng)
+        assert torch.equal(embed, head)
