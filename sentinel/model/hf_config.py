@@ -13,6 +13,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import functools
+import importlib.util
 import json
 from pathlib import Path
 from typing import Any
@@ -23,22 +24,23 @@ from sentinel.model.hf_families import FAMILIES
 from sentinel.registry import did_you_mean
 from sentinel.scenario import ModelConfig
 
-try:
-    import transformers
-    from transformers import AutoConfig, AutoModelForCausalLM
-except ImportError:  # the [hf] extra is optional: `check` reports how to install it
-    transformers = None
-
-if transformers is not None:
-    transformers.logging.set_verbosity_error()  # no notes about generation defaults or token ids out of range
-
 INSTALL = "pip install -e '.[hf]'  (transformers, tokenizers, safetensors)"
 SUPPORTED = ", ".join(sorted(FAMILIES))
 BUILTIN_ONLY = ("layers", "dim", "heads", "ffn_hidden")  # builtin-model keys that mean nothing with source: hf
 
 
 def available() -> bool:
-    return transformers is not None
+    """Whether the [hf] extra is installed (without importing transformers: the builtin path stays light)."""
+    return importlib.util.find_spec("transformers") is not None
+
+
+@functools.lru_cache(maxsize=1)
+def _auto():
+    """(AutoConfig, AutoModelForCausalLM), imported on first use: transformers takes seconds to import."""
+    import transformers
+
+    transformers.logging.set_verbosity_error()  # no notes about generation defaults or token ids out of range
+    return transformers.AutoConfig, transformers.AutoModelForCausalLM
 
 
 def resolve_config(cfg: ModelConfig, vocab: int | None):
@@ -51,13 +53,13 @@ def resolve_config(cfg: ModelConfig, vocab: int | None):
 @functools.lru_cache(maxsize=16)
 def _resolve(config_json: str | None, path: str | None, attn: str, vocab: int | None):
     if path is not None:
-        config = AutoConfig.from_pretrained(path, local_files_only=True)
+        config = _auto()[0].from_pretrained(path, local_files_only=True)
     else:
         kw = json.loads(config_json)
         model_type = kw.pop("model_type")
         if "vocab_size" not in kw and vocab is not None:
             kw["vocab_size"] = vocab
-        config = AutoConfig.for_model(model_type, **kw)
+        config = _auto()[0].for_model(model_type, **kw)
     for key in FAMILIES[config.model_type].dropouts:
         setattr(config, key, 0.0)
     config.use_cache = False
@@ -118,7 +120,7 @@ def check(cfg: ModelConfig, num_stages: int, seq_len: int, data_vocab: int | Non
     try:
         config = resolve_config(cfg, vocab)
         with torch.device("meta"):
-            AutoModelForCausalLM.from_config(config)
+            _auto()[1].from_config(config)
     except Exception as exc:  # the family's own validation: heads vs hidden size, layer types, ...
         return out + [(where.split(":")[0], f"the {_model_type(cfg)} family rejects this config: {_first_line(exc)}")]
     out += _check_sizes(config, where, num_stages, seq_len, data_vocab)
@@ -134,11 +136,12 @@ def _check_mapping(mapping: dict[str, Any]) -> list[tuple[str, str]]:
     problems = _check_family(model_type, "model.hf.config.model_type")
     if problems:
         return problems
-    cls = type(AutoConfig.for_model(model_type))
+    auto_config = _auto()[0]
+    cls = type(auto_config.for_model(model_type))
     known = {f.name for f in dataclasses.fields(cls)} | set(cls.attribute_map) | {"model_type"}
     other = {k: v for k, v in mapping.items() if k not in known}
     try:  # a key transformers stores verbatim is a typo; a legacy key it converts (rope_theta) is not
-        stored = AutoConfig.for_model(model_type, **other).to_dict()
+        stored = auto_config.for_model(model_type, **other).to_dict()
     except Exception:
         stored = other
     out = [
@@ -260,7 +263,7 @@ def check_weights(path: str, config) -> list[tuple[str, str]]:
     except Exception as exc:
         return [("model.hf.path", f"{path}: unreadable safetensors file ({_first_line(exc)})")]
     with torch.device("meta"):
-        model = AutoModelForCausalLM.from_config(config)
+        model = _auto()[1].from_config(config)
     prefix = model.base_model_prefix + "."
     tied = model.lm_head.weight is model.get_input_embeddings().weight
     missing, mismatched = [], []

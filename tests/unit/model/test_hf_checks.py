@@ -162,7 +162,7 @@ def test_pickle_checkpoints_are_refused(tmp_path, capsys, checkpoint):
 
 
 def test_without_the_extra_an_hf_scenario_exits_2_with_the_install_command(tmp_path, capsys, monkeypatch):
-    monkeypatch.setattr("sentinel.model.hf_config.transformers", None)
+    monkeypatch.setattr("sentinel.model.hf_config.available", lambda: False)
     code, out = _validate(tmp_path, hf_base("llama"), capsys)
     assert code == 2 and "model.source: 'hf' needs the optional transformers extra: pip install -e '.[hf]'" in out
 
