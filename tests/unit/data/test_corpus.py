@@ -141,3 +141,12 @@ def test_the_dataset_checks_the_tokenized_size_too(tmp_path):
     sc = tiny("data.source=text", f"data.path={p}", "data.tokenizer=bpe", "data.bpe_vocab=300", "model.vocab=300")
     with pytest.raises(ConfigError, match="has .* bpe tokens, fewer than one batch"):
         Dataset(sc)
+
+
+def test_without_the_extra_text_tokenizers_exit_2_with_the_install_command(tmp_path, capsys, monkeypatch):
+    def missing(name):
+        raise ImportError(name)
+
+    monkeypatch.setattr("sentinel.data.tokenizer.importlib.import_module", missing)
+    err = _validate(tmp_path, capsys, {"tokenizer": "bpe"})
+    assert "data.tokenizer: 'bpe' needs the optional transformers extra: pip install -e '.[hf]'" in err
