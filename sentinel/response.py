@@ -51,29 +51,31 @@ against Binomial(n_w, base_fpr) (resp. 1e-6). `ban_pvalue: 1` turns the peer tes
     rejoin_after: n      n steps after a ban its operator rejoins under a new worker id (Sybil): the
                          engine adds a replica and the adversary layer decides whether it controls it
 
-Messages a banned worker still sends in the step of its ban are dropped. In `open_loop` mode the
+Bans are decided at the end of a step, from that step's verdicts in canonical order (`Responder.end_step`),
+and take effect from the next step: a banned worker's later messages are dropped. In `open_loop` mode the
 responder never acts: every payload is delivered and nobody is banned (verdicts are still logged).
-It sees verdicts and public routing facts only, never ground truth.
+It sees verdicts and public routing facts only (through `MeshControl`), never ground truth.
 """
 
 from __future__ import annotations
 
 import collections
 import functools
+from collections.abc import Callable, Iterable
 
 import numpy as np
 import torch
 from scipy.special import ndtr
 from scipy.stats import binom, hypergeom
 
+from sentinel.detectors.base import Marker, Verdict
+from sentinel.engine.workers import MeshControl
 from sentinel.transport.message import Message
 
 EXPLAINED = 0.05  # a flag whose sender the peer test singles out at this level is explained by it
 CERTAIN_FLOOR = 1e-6  # honest workers (practically) never send NaN, a wrong shape, or an exact replay
 SCORE_EVERY = 3  # steps between two rounds of score tests (their cost is per stream, not per message)
 MIN_SCORES = 8  # statistics a sender needs in a stream before its distribution is compared with its peers'
-MARKERS = frozenset({"paused", "integrity", "replay", "outlier", "shift", "certain"})  # verdict flags, not statistics
-CERTAIN = frozenset({"integrity", "replay", "certain"})  # markers of payloads no honest worker sends
 
 
 class Attribution:
@@ -190,51 +192,65 @@ def majority_outliers(pvalues: np.ndarray, alpha: float) -> list[int]:
 
 
 class Responder:
-    """Turns verdicts into deliveries, strikes, bans and replacements."""
+    """Turns verdicts into deliveries (per message) and strikes, bans and replacements (per step).
 
-    def __init__(self, config, engine, verifier=None, *, mode: str = "closed_loop"):
-        self.config, self.engine, self.verifier, self.mode = config, engine, verifier, mode
+    Two halves, so that verifiers at different boundaries (possibly in different processes) agree:
+
+    - `deliver(msg, verdict, substitute)` runs at the message's verifier and decides what the receiver gets,
+      from the verdict and the bans of *earlier* steps only;
+    - `end_step(step, records)` runs once per step, after the pipeline and before DP sync, on every verdict of
+      the step in canonical order (`canonical_key`): strikes, peer tests, bans and replacements, carried out
+      through the `MeshControl` (the response policy's only view of the mesh: worker ids, stages and who is
+      live; it holds no event log and no adversary, so ground truth is out of its reach by construction).
+
+    A ban therefore takes effect from the next step (the verifiers of every boundary agree on it before DP
+    sync); a banned worker's later messages are dropped.
+    """
+
+    def __init__(self, config, mesh: MeshControl, *, mode: str = "closed_loop"):
+        self.config, self.mesh, self.mode = config, mesh, mode
         self.attr = Attribution(config.strike_window)
         self.banned: dict[str, int] = {}  # worker -> step of its ban
         self._rejoins: list[tuple[int, int, str]] = []  # (due step, stage, banned worker)
         self._routes: dict[int, list[str]] = {}  # mb -> senders so far, this step
         self._stats: dict[tuple, dict[str, collections.deque]] = {}  # stream -> sender -> (step, statistics)
         self._stat_names: dict[tuple, tuple[str, ...]] = {}  # stream -> the statistics recorded for it
-        self._step = -1
 
-    def deliver(self, msg: Message, verdict) -> torch.Tensor | None:
+    def deliver(self, msg: Message, verdict: Verdict,
+                substitute: Callable[[Message], torch.Tensor | None] | None = None) -> torch.Tensor | None:
+        """What the receiver of `msg` gets: its payload, a stand-in (`substitute`), or None (dropped)."""
         if self.mode == "open_loop":
             return msg.payload
-        self._new_step(msg.step)
         if msg.sender in self.banned:
             return None
-        if "paused" not in verdict.scores:  # downstream of a flag: neither evidence for nor against anyone
-            self._record(msg, verdict)
-        if not verdict.flagged:
+        if not verdict.flagged or self.config.on_flag == "accept":
             return msg.payload
-        if self.config.on_flag == "accept":
-            return msg.payload
-        if self.config.on_flag == "substitute" and self.verifier is not None:
-            return self.verifier.substitute(msg)  # None (= drop) where the detector has no stand-in
+        if self.config.on_flag == "substitute" and substitute is not None:
+            return substitute(msg)  # None (= drop) where the detector has no stand-in
         return None
 
-    # -- bookkeeping -----------------------------------------------------------------------------
-    def _new_step(self, step: int) -> None:
-        if step != self._step:
-            if self._step >= 0 and self.config.ban_pvalue < 1.0 and step % SCORE_EVERY == 0:
-                self._score_tests(step)
-            self._step, self._routes = step, {}
-            self._rejoin_due(step)
+    def end_step(self, step: int, records: Iterable[tuple[Message, Verdict]]) -> None:
+        """Weigh the step's verdicts (canonical order) and ban; then the score tests and rejoins that are due."""
+        if self.mode == "open_loop":
+            return
+        self._routes = {}
+        for msg, verdict in records:
+            if verdict.judged and msg.sender not in self.banned:  # paused: evidence for or against nobody
+                self._record(msg, verdict)
+        nxt = step + 1
+        if self.config.ban_pvalue < 1.0 and nxt % SCORE_EVERY == 0:
+            self._score_tests(nxt)
+        self._rejoin_due(nxt)
 
-    def _record(self, msg: Message, verdict) -> None:
+    # -- bookkeeping -----------------------------------------------------------------------------
+    def _record(self, msg: Message, verdict: Verdict) -> None:
         w, step, stream = msg.sender, msg.step, (msg.boundary, int(msg.role))
         route = self._routes.setdefault(msg.mb_idx, [])
         if w not in route:
             route.append(w)
             self.attr.add("mbs", w, step)
         self.attr.add("msgs", (w, stream), step)
-        certain = not CERTAIN.isdisjoint(verdict.scores)
-        if verdict.flagged and certain:
+        if verdict.certain:
             self.attr.add("certain", w, step)
             self._judge(w, step, *self._test("certain", "mbs", w, None, step, floor=CERTAIN_FLOOR))
         elif verdict.flagged:
@@ -243,15 +259,13 @@ class Responder:
             if self.config.attribution == "route" and p >= EXPLAINED and self._peers(w):
                 self._route_strike(msg, route, step)
             self._judge(w, step, k, p)
-        if verdict.flagged or verdict.scores.get("outlier"):
+        if verdict.flagged or Marker.OUTLIER in verdict.markers:
             self._soft_strike(w, stream, step)
         if not verdict.flagged:  # flagged ones already count as hard strikes
             self._record_stats(stream, w, step, verdict.scores)
 
     def _peers(self, worker: str) -> list[str]:
-        workers = self.engine.workers
-        stage = workers.stage[workers.index(worker)]
-        return [workers.ids[i] for i in workers.live_in_stage(stage) if workers.ids[i] != worker]
+        return [w for w in self.mesh.live_in_stage(self.mesh.stage_of(worker)) if w != worker]
 
     def _test(self, kind: str, denom: str, worker: str, stream, step: int, floor: float | None = None):
         """(strikes, peer-test p-value) of `worker` for strikes of `kind` per `denom` chances.
@@ -295,7 +309,7 @@ class Responder:
     def _record_stats(self, stream, worker: str, step: int, scores: dict) -> None:
         names = self._stat_names.get(stream)
         if names is None:
-            names = tuple(sorted(k for k in scores if k not in MARKERS))
+            names = tuple(sorted(scores))
             if not names:
                 return
             self._stat_names[stream] = names
@@ -337,23 +351,15 @@ class Responder:
 
     def ban(self, worker: str, step: int) -> bool:
         """Ban `worker` (and replace it when configured); False when the ban was not carried out."""
-        workers = self.engine.workers
-        idx = workers.index(worker)
-        if not workers.live[idx]:
+        if not self.mesh.ban(worker, step, replace=self.config.replace_banned):
             return False
-        stage = workers.stage[idx]
-        if not self.config.replace_banned and len(workers.live_in_stage(stage)) <= 1:
-            return False  # the stage's last replica: banning it would stop training
-        workers.ban(worker)
-        replaced_by = self.engine.add_replica(stage) if self.config.replace_banned else None
-        self.engine.log.log_ban(step, worker, replaced_by)
         self.banned[worker] = step
         self.attr.forget(worker)
         if self.config.rejoin_after is not None:
-            self._rejoins.append((step + self.config.rejoin_after, stage, worker))
+            self._rejoins.append((step + self.config.rejoin_after, self.mesh.stage_of(worker), worker))
         return True
 
     def _rejoin_due(self, step: int) -> None:
         while self._rejoins and self._rejoins[0][0] <= step:
             _, stage, old = self._rejoins.pop(0)
-            self.engine.add_replica(stage, rejoin_of=old)
+            self.mesh.rejoin(stage, old, step)

@@ -19,6 +19,7 @@ import functools
 import json
 import math
 import os
+import stat
 from pathlib import Path
 
 import numpy as np
@@ -51,11 +52,17 @@ def read_corpus(path: str | None, text_field: str = "text") -> Corpus:
     p = Path(path)
     try:
         st = p.stat()
-    except OSError as exc:
+    except FileNotFoundError:
         raise ConfigError(
-            f"data.path: file not found: {path!r} ({exc.strerror}); give a text file, a folder of "
-            "text files or a JSONL file"
+            f"data.path: file not found: {path!r}; give a text file, a folder of text files or a JSONL file"
         ) from None
+    except (OSError, ValueError) as exc:  # permission, a name too long, a NUL byte
+        raise ConfigError(f"data.path: cannot read {path!r}: {getattr(exc, 'strerror', None) or exc}") from None
+    if not (stat.S_ISDIR(st.st_mode) or stat.S_ISREG(st.st_mode)):
+        raise ConfigError(
+            f"data.path: {path!r} is not a regular file (a device, a pipe, ...); give a text file, "
+            "a folder of text files or a JSONL file"
+        )
     return _read(str(p), text_field, st.st_mtime_ns, st.st_size)
 
 
@@ -70,7 +77,7 @@ def _read(path: str, text_field: str, mtime_ns: int, size: int) -> Corpus:
         docs = (_read_bytes(p),)
     corpus = Corpus(tuple(d for d in docs if d), path)
     if not corpus.documents:
-        raise ConfigError(f"data.path: {path} is empty (no text in it); give a non-empty corpus")
+        raise ConfigError(f"data.path: {path} has 0 bytes of text; give a non-empty corpus")
     return corpus
 
 
@@ -96,7 +103,7 @@ def _read_bytes(path: Path) -> bytes:
     try:
         return path.read_bytes()
     except OSError as exc:
-        raise ConfigError(f"data.path: cannot read {path} ({exc.strerror}); check its permissions") from None
+        raise ConfigError(f"data.path: cannot read {str(path)!r}: {exc.strerror}; check its permissions") from None
 
 
 def _read_jsonl(path: Path, field: str) -> tuple[bytes, ...]:

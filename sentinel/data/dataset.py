@@ -157,7 +157,7 @@ def _check_text(scenario: Scenario) -> None:
     bound = sum(len(doc) + 1 for doc in parts.train)  # tokens <= bytes (+ one separator per document)
     if bound < d.batch_size * (T + 1):
         raise ConfigError(
-            f"data.path: the training split of {corpus.origin} has {bound} bytes, fewer than one batch "
-            f"(batch_size x (seq_len + 1) = {d.batch_size * (T + 1)} tokens); use a longer corpus, or "
+            f"data.path: the training split of {corpus.origin} has {bound} bytes, so fewer tokens than the one "
+            f"batch it needs (batch_size x (seq_len + 1) = {d.batch_size * (T + 1)}); use a longer corpus, or "
             "a smaller model.seq_len or data.batch_size"
         )

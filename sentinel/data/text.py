@@ -49,14 +49,15 @@ class TextSource:
                 _STREAMS.pop(next(iter(_STREAMS)))
             _STREAMS[key] = _tokenize(corpus, val_fraction, seed, tokenizer, bpe_vocab, tokenizer_path, cache_dir)
         self.train, self.val, self.vocab = _STREAMS[key]
-        need = {"training": max(seq_len + 2, min_train_tokens), "validation": seq_len + 2}
-        for name, part in (("training", self.train), ("validation", self.val)):
-            if len(part) < need[name]:
-                what = "one batch (batch_size x (seq_len + 1))" if need[name] > seq_len + 2 else "seq_len + 2"
-                raise ConfigError(
-                    f"data.path: the {name} split of {corpus.origin} has {len(part)} {tokenizer} tokens, fewer than "
-                    f"{what} = {need[name]}; use a longer corpus, or a smaller model.seq_len or data.batch_size"
-                )
+        need = seq_len + 2
+        batch = max(need, min_train_tokens)
+        if len(self.train) < batch or len(self.val) < need:
+            raise ConfigError(
+                f"data.path: {corpus.origin} has {len(self.train)} training and {len(self.val)} validation "
+                f"{tokenizer} tokens (data.val_fraction {val_fraction}); the splits each need model.seq_len + 2 = "
+                f"{need}, the training split one batch (batch_size x (seq_len + 1) = {batch}); use a longer "
+                "corpus, a smaller model.seq_len or data.batch_size, or another data.val_fraction"
+            )
 
     def sample(self, rng: np.random.Generator, n: int, split: str = "train") -> np.ndarray:
         data = self.train if split == "train" else self.val

@@ -5,7 +5,7 @@
     norm_zscore, cusum, page_hinkley   streaming change detectors on a scalar   (scalar.py)
     duplication, spot_check, cross_replica   trusted recomputation             (recompute.py)
 
-`build_defence(scenario, engine)` returns the (verifier, responder) pair the runner installs on the
+`build_defence(scenario, mesh, recompute, inputs)` returns the (verifiers, responder) pair the runner installs on the
 transport (verifier.py, sentinel/response.py).
 """
 
@@ -26,10 +26,14 @@ from sentinel.detectors import recompute, scalar, stagewise  # noqa: E402,F401  
 __all__ = ["Detector", "DetectorEnv", "Verdict", "NoDetector"]
 
 
-def build_defence(scenario, engine):
-    """(verifier, responder) for this scenario; (None, None) when the detector is `none`."""
+def build_defence(scenario, mesh, recompute_hook=None, inputs=None):
+    """(verifiers, responder) for this scenario: one verifier per boundary; ({}, None) when the detector is `none`.
+
+    `mesh` is the response policy's MeshControl; `recompute_hook` the backend's trusted recomputation, if any;
+    `inputs` what the sender of the message being judged received (`sentinel.transport.relay.InFlight`).
+    """
     if scenario.detector.name == "none":
-        return None, None
+        return {}, None
     from sentinel.detectors.verifier import build
 
-    return build(scenario, engine)
+    return build(scenario, mesh, recompute_hook, inputs)

@@ -14,12 +14,9 @@ from collections.abc import Callable
 import torch
 
 from sentinel.transport.message import Message
+from sentinel.transport.verdict import CERTAIN_MARKERS, Marker, Verdict
 
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class Verdict:
-    scores: dict[str, float]
-    flagged: bool
+__all__ = ["CERTAIN_MARKERS", "Detector", "DetectorEnv", "Marker", "Verdict"]
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -35,6 +32,10 @@ class DetectorEnv:
         live_replicas: `live_replicas(stage_idx) -> list[str]`, the live worker ids of a stage.
         substitutes: whether the response policy may ask `substitute` for a stand-in (closed loop with
             `on_flag: substitute`); when it may not, a detector need not keep one.
+        sender_inputs: `sender_inputs(msg) -> SenderInputs | None`: what the sender of the message being judged
+            received for its microbatch (token ids or the activation delivered to it; for a backward message the
+            gradient delivered to it), as the verifiers relayed it (so not ground truth). None where the backend
+            offers none; the hook returns None for any message but the one being judged.
     """
 
     num_stages: int = 1
@@ -42,10 +43,21 @@ class DetectorEnv:
     recompute: Callable[..., torch.Tensor | None] | None = None
     live_replicas: Callable[[int], list[str]] | None = None
     substitutes: bool = True
+    sender_inputs: Callable | None = None
 
 
 class Detector:
-    """Base class: subclasses define a frozen `Config` and `observe`."""
+    """Base class: subclasses define a frozen `Config` and `observe`.
+
+    Class attributes a detector may set: `checks_payload` (it checks NaN / Inf and replays itself, from a full
+    pass it makes anyway: the Verifier then checks only dtype and shape), `wants_inputs` (it reads
+    `DetectorEnv.sender_inputs`: the distributed backend then forwards what senders received between
+    verifiers). `checked` counts the messages it recomputed (duplication-style detectors).
+    """
+
+    checks_payload: bool = False
+    wants_inputs: bool = False
+    checked: int = 0
 
     @dataclasses.dataclass(frozen=True, kw_only=True)
     class Config:
@@ -80,4 +92,8 @@ class Detector:
 
     def public_state(self) -> dict:
         """Read-only view a white-box adversary may inspect (thresholds, baselines)."""
+        return {}
+
+    def thresholds(self, boundary: int, role) -> dict[str, float]:
+        """The values each statistic must not exceed now (public: a white-box adversary may read them)."""
         return {}

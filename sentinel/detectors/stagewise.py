@@ -51,7 +51,7 @@ import numpy as np
 import torch
 
 from sentinel.config import spec
-from sentinel.detectors.base import Detector, Verdict
+from sentinel.detectors.base import Detector, Marker, Verdict
 from sentinel.detectors.baseline import Baseline, Fences, SenderMedianBaseline
 from sentinel.detectors.distances import (
     DISTANCES,
@@ -166,8 +166,7 @@ class Sentinel(Detector):
         self._weights = w / w.sum() * len(self.names) if cfg.weights else w
         self._streams: dict[tuple[int, int], _Stream] = {}
         self._proj: dict[int, Projections] = {}
-        self._rows = np.random.default_rng([seed, 0x70C])  # private: never in the public view
-        self._offsets: list[int] = []  # drawn from `_rows` in blocks (see `_offset`)
+        self._key = int(np.random.SeedSequence([seed, 0x70C]).generate_state(1, dtype=np.uint64)[0])  # private
         self._replays = ReplayMemory(cfg.replay_memory) if cfg.replay_memory else None
 
     # -- state ------------------------------------------------------------------------------------
@@ -184,19 +183,18 @@ class Sentinel(Detector):
             self._streams[key] = _Stream(self.config, beta, keep_full=keep_full)
         return self._streams[key]
 
-    def _offset(self) -> int:
-        """Which tokens the moments of the next message look at: unpredictable to a sender.
+    def _offset(self, msg: Message) -> int:
+        """Which tokens the moments of this message look at: unpredictable to a sender without the detector's key.
 
-        Drawn 256 at a time: the same sequence as one `integers(1 << 30)` call per message (numpy draws an
-        array element by element from the same stream), at a fraction of the per-call cost."""
-        if not self._offsets:
-            self._offsets = self._rows.integers(1 << 30, size=256).tolist()[::-1]
-        return self._offsets.pop()
+        A keyed hash of the message's identity, not a generator shared by the streams: each stream's verdicts
+        then depend on that stream's messages only, whatever order the streams of a boundary interleave in (a
+        verifier process sees them in another order than sim's single process)."""
+        return splitmix64(self._key ^ (((msg.step * 4099 + msg.mb_idx) * 131 + msg.boundary) * 3 + int(msg.role))) >> 34
 
-    def _signature(self, payload: torch.Tensor, offset: int | None = None):
+    def _signature(self, payload: torch.Tensor, offset: int | None = None, msg: Message | None = None):
         proj = self._projections(payload.shape[-1])
         if offset is None:
-            offset = self._offset()
+            offset = self._offset(msg)
         sig = signature(payload, proj, self.config.pooling, self.config.max_tokens, offset, self.config.token_clip)
         return sig, layout(tuple(payload.shape), proj, self.config.pooling)
 
@@ -268,14 +266,14 @@ class Sentinel(Detector):
 
     def observe(self, msg: Message) -> Verdict:
         st = self._stream(msg.boundary, msg.role)
-        sig, lay = self._signature(msg.payload)
+        sig, lay = self._signature(msg.payload, msg=msg)
         # NaN / Inf somewhere in the payload: never reaches any state. The float64 sum of a signature is finite
         # exactly when every entry is (entries are float32 values or a float64 square norm: no overflow)
         if not np.isfinite(np.add.reduce(sig)):
-            return Verdict({"integrity": 1.0}, True)
+            return Verdict({}, True, frozenset({Marker.INTEGRITY}))
         if self._replays is not None and self._replays.seen_before((tuple(msg.payload.shape), sig[:64].tobytes()),
                                                                    msg.step):
-            return Verdict({"replay": 1.0}, True)  # the pooled mean uses every token: equal only for a replay
+            return Verdict({}, True, frozenset({Marker.REPLAY}))  # the pooled mean uses every token: equal only for a replay
         if not self._comparable(st, sig):  # first message of the stream (the Verifier rejects odd shapes)
             st.fences.set_resolution(resolutions(self.names, lay))
             self._learn(st, sig, lay, msg)
@@ -294,23 +292,26 @@ class Sentinel(Detector):
             if not e <= self.config.k and not shift:  # NaN counts as above the fence
                 st.flags += 1
                 return Verdict(d, True)
-            if shift:
-                d["shift"] = 1.0
             learn = e <= self.config.k_learn or shift
-            if e > self.config.k_learn and not learn:
-                d["outlier"] = 1.0  # between the fences: accepted, not learned (soft evidence for the responder)
-        if learn:
-            return self._accept(st, sig, lay, msg, values, d, t)
-        return Verdict(d, False)
+            if shift:
+                marks = frozenset({Marker.SHIFT})
+            elif not learn:  # between the fences: accepted, not learned (soft evidence for the responder)
+                marks = frozenset({Marker.OUTLIER})
+            else:
+                marks = frozenset()
+            if learn:
+                return self._accept(st, sig, lay, msg, values, d, t, marks)
+            return Verdict(d, False, marks)
+        return self._accept(st, sig, lay, msg, values, d, t)
 
     def _accept(self, st: _Stream, sig: np.ndarray, lay, msg: Message, values: np.ndarray, d: dict,
-                t: np.ndarray) -> Verdict:
+                t: np.ndarray, marks: frozenset = frozenset()) -> Verdict:
         """Accept and learn: the baseline and the fences take the message in (`t`: the values on the fences'
         scale)."""
         if np.isfinite(values).all():
             self._learn(st, sig, lay, msg)
             st.fences.push(values, t)
-        return Verdict(d, False)
+        return Verdict(d, False, marks)
 
     def thresholds(self, boundary: int, role) -> dict[str, float]:
         """Current fences of a stream (empty while it is still learning) and the combined rule's k."""
@@ -338,3 +339,11 @@ class Sentinel(Detector):
                 "baseline": st.baseline.summary(), "flags": st.flags,
             }
         return {"config": dataclasses.asdict(self.config), "streams": streams}
+
+
+def splitmix64(x: int) -> int:
+    """A 64-bit mixing function (Steele et al., SplitMix64's finaliser): a keyed hash of small integers."""
+    x = (x + 0x9E3779B97F4A7C15) & 0xFFFFFFFFFFFFFFFF
+    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & 0xFFFFFFFFFFFFFFFF
+    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & 0xFFFFFFFFFFFFFFFF
+    return x ^ (x >> 31)

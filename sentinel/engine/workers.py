@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 
 from sentinel.errors import RunError
@@ -73,3 +75,71 @@ class Router:
             else:
                 plan[:, s] = np.asarray(live)[np.arange(num_microbatches) % len(live)]
         return plan
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class MeshEvent:
+    """A change of the mesh decided by the response policy: a ban, or a worker added to a stage.
+
+    kind "ban": `worker` banned at `step`, `replaced_by` its replacement (or None).
+    kind "add": `worker` added to `stage` (a replacement, or with `rejoin_of` a banned worker's operator rejoining).
+    """
+
+    kind: str
+    step: int
+    worker: str
+    stage: int
+    replaced_by: str | None = None
+    rejoin_of: str | None = None
+
+
+class MeshControl:
+    """The response policy's view of the mesh: worker ids, stages, who is live; bans and additions.
+
+    It changes the `WorkerTable` and records each change as a `MeshEvent` in `events`; the engine (or the
+    distributed coordinator) carries them out afterwards -- builds the replicas of added workers, writes bans
+    to the EventLog, tells other processes. It holds nothing else, so a response policy that only has this
+    object cannot reach ground truth.
+    """
+
+    def __init__(self, workers: WorkerTable):
+        self._workers = workers
+        self.events: list[MeshEvent] = []
+
+    def stage_of(self, worker: str) -> int:
+        return self._workers.stage[self._workers.index(worker)]
+
+    def live_in_stage(self, stage_idx: int) -> list[str]:
+        return [self._workers.ids[i] for i in self._workers.live_in_stage(stage_idx)]
+
+    def is_live(self, worker: str) -> bool:
+        return self._workers.live[self._workers.index(worker)]
+
+    def ban(self, worker: str, step: int, replace: bool) -> bool:
+        """Ban `worker`, adding a replacement when `replace`; False (nothing done) when it is not live, or is its
+        stage's last live replica and would not be replaced (training could not continue)."""
+        w = self._workers
+        idx = w.index(worker)
+        if not w.live[idx]:
+            return False
+        stage = w.stage[idx]
+        if not replace and len(w.live_in_stage(stage)) <= 1:
+            return False
+        w.ban(worker)
+        at = len(self.events)  # the ban comes first: a replacement copies a replica that is still live
+        new = self._add(stage, step, None) if replace else None
+        self.events.insert(at, MeshEvent("ban", step, worker, stage, replaced_by=new))
+        return True
+
+    def rejoin(self, stage_idx: int, old: str, step: int) -> str:
+        """A banned worker's operator rejoins under a new id (Sybil); returns the id."""
+        return self._add(stage_idx, step, old)
+
+    def _add(self, stage_idx: int, step: int, rejoin_of: str | None) -> str:
+        wid = self._workers.ids[self._workers.add_replacement(stage_idx)]
+        self.events.append(MeshEvent("add", step, wid, stage_idx, rejoin_of=rejoin_of))
+        return wid
+
+    def drain(self) -> list[MeshEvent]:
+        out, self.events = self.events, []
+        return out

@@ -16,7 +16,7 @@ from sentinel.errors import ConfigError
 from sentinel.model import hf_config
 from sentinel.model.base import ModelDims, Stage, global_parameters, loss_fn, num_params, split_layers
 from sentinel.model.builtin import BuiltinStage, build_builtin_stages, ffn_hidden
-from sentinel.model.facts import check, describe, dims, summary_line
+from sentinel.model.facts import check, describe, dims
 from sentinel.model.tied import TiedEmbeddings
 from sentinel.scenario import ModelConfig
 
@@ -54,5 +54,4 @@ __all__ = [
     "model_hooks",
     "num_params",
     "split_layers",
-    "summary_line",
 ]

@@ -32,6 +32,7 @@ class ModelDims:
         layers: decoder layers (blocks) split over the stages.
         vocab: rows of the token embedding and of the LM head.
         seq_len: tokens per sequence T.
+        ffn: hidden width of each layer's MLP.
         tied: the LM head shares the token embedding's weight (GPT-2); with S > 1 the first and last
             stage then hold two copies kept equal by `TiedEmbeddings`.
     """
@@ -42,6 +43,7 @@ class ModelDims:
     layers: int
     vocab: int
     seq_len: int
+    ffn: int
     tied: bool = False
 
 

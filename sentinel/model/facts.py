@@ -13,7 +13,7 @@ from sentinel import data
 from sentinel.errors import ConfigError
 from sentinel.model import hf_config
 from sentinel.model.base import ModelDims, Stage, num_params
-from sentinel.model.builtin import meta_builtin_stages
+from sentinel.model.builtin import ffn_hidden, meta_builtin_stages
 from sentinel.scenario import Scenario
 
 
@@ -28,6 +28,7 @@ def dims(sc: Scenario) -> ModelDims:
             layers=m.layers,
             vocab=m.vocab or data.vocab_size(sc),
             seq_len=m.seq_len,
+            ffn=ffn_hidden(m),
         )
     _require_hf()
     c = hf_config.resolve_config(m, m.vocab or hf_config.config_vocab(m) or data.vocab_size(sc))
@@ -38,6 +39,7 @@ def dims(sc: Scenario) -> ModelDims:
         layers=c.num_hidden_layers,
         vocab=c.vocab_size,
         seq_len=m.seq_len,
+        ffn=getattr(c, "intermediate_size", None) or getattr(c, "n_inner", None) or 4 * c.hidden_size,  # GPT-2: 4 C
         tied=bool(getattr(c, "tie_word_embeddings", False)),
     )
 
@@ -68,20 +70,9 @@ def describe(sc: Scenario) -> dict:
         "params_total": sum(unique.values()),
         "params_per_stage": [num_params([m]) for m in stages],  # a tied head's copy counts in the last stage
         "layers_per_stage": [len(m.decoder_layers()) for m in stages],
+        "ffn": d.ffn,  # MLP hidden width
         "activation_bytes_per_message": sc.data.batch_size * d.seq_len * d.hidden * 4,  # float32 (B, T, C)
     }
-
-
-def summary_line(sc: Scenario) -> str:
-    """One line for `sentinel validate`."""
-    x = describe(sc)
-    per_stage = ", ".join(f"{n / 1e6:.2f}M" for n in x["params_per_stage"])
-    name = "builtin" if x["source"] == "builtin" else f"hf {x['family']}"
-    return (
-        f"model: {name}, {x['layers']} layers, hidden {x['hidden']}, vocab {x['vocab']}: "
-        f"{x['params_total'] / 1e6:.2f}M parameters (per stage: {per_stage}); "
-        f"{x['activation_bytes_per_message'] / 2**20:.2f} MiB per boundary message"
-    )
 
 
 def check(sc: Scenario) -> list[tuple[str, str]]:

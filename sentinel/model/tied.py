@@ -35,8 +35,7 @@ class TiedEmbeddings:
 
     def _copies(self, engine) -> tuple[list, list]:
         """(replica, tied parameter) for every live replica of the first and of the last stage."""
-        live = [i for i, ok in enumerate(engine.workers.live) if ok]
-        reps = [engine.replicas[i] for i in live]
+        reps = [rep for i, rep in engine.replicas.items() if engine.workers.live[i]]  # the hosted live replicas
         first = [(r, r.module.input_embedding().weight) for r in reps if r.stage_idx == 0]
         last = [(r, r.module.tied_head()) for r in reps if r.stage_idx == engine.num_stages - 1]
         return first, last

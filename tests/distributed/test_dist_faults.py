@@ -11,8 +11,8 @@ import time
 
 import pytest
 
-from sentinel.dist.launch import launch
-from sentinel.dist.runtime import Options
+from sentinel.distributed.launch import launch
+from sentinel.distributed.runtime import Options
 from sentinel.errors import RunError
 from sentinel.eventlog import EventLog
 from tests.distributed.helpers import LINE, assert_same_log, sim_reference, write_scenario

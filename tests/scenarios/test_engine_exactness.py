@@ -83,15 +83,18 @@ def test_every_boundary_tensor_is_one_logged_message():
     m = eng.log.messages
     S, M = 4, 4
     assert len(m) == 2 * (S - 1) * M * 2  # 2 steps, both directions, every boundary and microbatch
-    assert eng.transport.bytes_sent == int(m["bytes"].sum()) == len(m) * 4 * 16 * 32 * 4
+    assert eng.bytes_sent == int(m["bytes"].sum()) == len(m) * 4 * 16 * 32 * 4
     assert set(np.unique(m["role"])) == {0, 1}
 
 
 class _DropBoundary:
     """A responder that drops every activation crossing boundary 1 for microbatch 0."""
 
-    def deliver(self, msg, verdict):
+    def deliver(self, msg, verdict, substitute=None):
         return None if (msg.boundary == 1 and msg.mb_idx == 0 and msg.role == 0) else msg.payload
+
+    def end_step(self, step, records):
+        pass
 
 
 class _AcceptAll:
@@ -99,6 +102,9 @@ class _AcceptAll:
         from sentinel.detectors import Verdict
 
         return Verdict({}, False)
+
+    def substitute(self, msg):
+        return None
 
 
 def test_dropped_microbatch_is_removed_from_the_step():

@@ -81,12 +81,12 @@ def test_duplication_substitutes_the_honest_tensor(tiny_scenario):
                        "adversary.attacks=[{name: scaling, role: activation, start: 1, alpha: 3.0}]")
     engine = build_engine(sc)
     pairs = []
-    responder = engine.transport.responder
+    responder = engine.responder
     inner = responder.deliver
 
-    def deliver(msg, verdict):
+    def deliver(msg, verdict, substitute):
         live = msg.sender not in responder.banned
-        out = inner(msg, verdict)
+        out = inner(msg, verdict, substitute)
         if verdict.flagged and live:
             pairs.append((msg.payload.clone(), out))
         return out

@@ -6,8 +6,7 @@ import pytest
 import torch
 
 from sentinel.detectors.base import Verdict
-from sentinel.engine.workers import WorkerTable
-from sentinel.eventlog import EventLog
+from sentinel.engine.workers import MeshControl, MeshEvent, WorkerTable
 from sentinel.response import Responder
 from sentinel.scenario import ResponseConfig
 from sentinel.transport.message import Message, Role
@@ -15,121 +14,174 @@ from sentinel.transport.message import Message, Role
 FLAG, OK = Verdict({}, True), Verdict({}, False)
 
 
-class FakeEngine:
+class Mesh:
+    """A worker table behind the response policy's MeshControl; bans and additions are read from its events."""
+
     def __init__(self, stages=3, replicas=3):
         self.workers = WorkerTable(stages, replicas)
-        self.log = EventLog()
-        self.added: list[tuple[int, str | None]] = []
+        self.control = MeshControl(self.workers)
+        self.bans: list[tuple[int, str, str | None]] = []  # (step, worker, replaced_by)
+        self.added: list[tuple[int, str | None]] = []  # (stage, rejoin_of)
 
-    def add_replica(self, stage_idx, rejoin_of=None):
-        idx = self.workers.add_replacement(stage_idx)
-        self.added.append((stage_idx, rejoin_of))
-        return self.workers.ids[idx]
+    def collect(self) -> None:
+        for ev in self.control.drain():
+            if ev.kind == "ban":
+                self.bans.append((ev.step, ev.worker, ev.replaced_by))
+            else:
+                self.added.append((ev.stage, ev.rejoin_of))
+
+    def live(self, wid: str) -> bool:
+        return self.workers.live[self.workers.index(wid)]
 
 
-class FakeVerifier:
-    def substitute(self, msg):
-        return torch.full_like(msg.payload, 7.0) if msg.role == Role.GRADIENT else None
+def substitute(msg):
+    return torch.full_like(msg.payload, 7.0) if msg.role == Role.GRADIENT else None
 
 
-def msg(step, sender="s1r0", role=Role.GRADIENT):
-    return Message(step, 0, 0, role, sender, "s0r0", torch.ones(2, 2))
+def msg(step, sender="s1r0", role=Role.GRADIENT, mb=0, boundary=0):
+    return Message(step, mb, boundary, role, sender, "s0r0", torch.ones(2, 2))
 
 
 def responder(mode="closed_loop", **cfg):
-    eng = FakeEngine(stages=4)
-    return Responder(ResponseConfig(**cfg), eng, FakeVerifier(), mode=mode), eng
+    mesh = Mesh(stages=4)
+    return Responder(ResponseConfig(**cfg), mesh.control, mode=mode), mesh
+
+
+def step(r, mesh, number, records):
+    """One step: each message delivered at its verifier, then the step's verdicts weighed; returns the deliveries."""
+    out = [r.deliver(m, v, substitute) for m, v in records]
+    r.end_step(number, records)
+    mesh.collect()
+    return out
 
 
 def test_drop_substitute_accept():
     r, _ = responder(on_flag="drop", ban_after=99)
-    assert r.deliver(msg(0), FLAG) is None
-    assert torch.equal(r.deliver(msg(0), OK), torch.ones(2, 2))
+    assert r.deliver(msg(0), FLAG, substitute) is None
+    assert torch.equal(r.deliver(msg(0), OK, substitute), torch.ones(2, 2))
     r, _ = responder(on_flag="substitute", ban_after=99)
-    assert float(r.deliver(msg(0), FLAG)[0, 0]) == 7.0  # a flagged gradient gets the baseline
-    assert r.deliver(msg(0, role=Role.ACTIVATION), FLAG) is None  # an activation falls back to drop
+    assert float(r.deliver(msg(0), FLAG, substitute)[0, 0]) == 7.0  # a flagged gradient gets the baseline
+    assert r.deliver(msg(0, role=Role.ACTIVATION), FLAG, substitute) is None  # an activation falls back to drop
     r, _ = responder(on_flag="accept", ban_after=99)
-    assert torch.equal(r.deliver(msg(0), FLAG), torch.ones(2, 2))
+    assert torch.equal(r.deliver(msg(0), FLAG, substitute), torch.ones(2, 2))
 
 
-def test_ban_after_n_strikes_and_logging():
-    r, eng = responder(ban_after=3)
-    for step in range(3):
-        r.deliver(msg(step), FLAG)
-    assert not eng.workers.live[eng.workers.index("s1r0")]
-    assert list(eng.log.bans["step"]) == [2] and eng.log.workers[eng.log.bans["worker"][0]] == "s1r0"
-    assert r.deliver(msg(3), OK) is None  # a banned worker's later messages are dropped
+def test_ban_after_n_strikes_takes_effect_from_the_next_step():
+    r, mesh = responder(ban_after=3)
+    for n in range(3):
+        step(r, mesh, n, [(msg(n), FLAG)])
+    assert not mesh.live("s1r0")
+    assert mesh.bans == [(2, "s1r0", None)]
+    assert r.deliver(msg(3), OK, substitute) is None  # a banned worker's later messages are dropped
+
+
+def test_a_ban_is_decided_at_the_end_of_its_step():
+    r, mesh = responder(ban_after=1, ban_pvalue=1.0)
+    assert r.deliver(msg(0), FLAG, substitute) is None
+    assert torch.equal(r.deliver(msg(0, mb=1), OK, substitute), torch.ones(2, 2))  # same step: not banned yet
+    assert mesh.live("s1r0")
+    r.end_step(0, [(msg(0), FLAG), (msg(0, mb=1), OK)])
+    assert not mesh.live("s1r0")
 
 
 def test_strike_window_forgets_old_strikes():
-    r, eng = responder(ban_after=2, strike_window=5, ban_pvalue=1.0)
-    r.deliver(msg(0), FLAG)
-    r.deliver(msg(5), FLAG)  # the strike of step 0 is 5 steps old: out of the window
-    assert eng.workers.live[eng.workers.index("s1r0")]
-    r.deliver(msg(6), FLAG)
-    assert not eng.workers.live[eng.workers.index("s1r0")]
+    r, mesh = responder(ban_after=2, strike_window=5, ban_pvalue=1.0)
+    step(r, mesh, 0, [(msg(0), FLAG)])
+    step(r, mesh, 5, [(msg(5), FLAG)])  # the strike of step 0 is 5 steps old: out of the window
+    assert mesh.live("s1r0")
+    step(r, mesh, 6, [(msg(6), FLAG)])
+    assert not mesh.live("s1r0")
 
 
 def test_replacement_and_rejoin():
-    r, eng = responder(ban_after=1, replace_banned=True, rejoin_after=4, ban_pvalue=1.0)
-    r.deliver(msg(10), FLAG)
-    assert eng.added == [(1, None)]
-    assert eng.log.workers[eng.log.bans["replaced_by"][0]] == "s1r3"
-    r.deliver(msg(13, sender="s1r1"), OK)
-    assert len(eng.added) == 1
-    r.deliver(msg(14, sender="s1r1"), OK)  # 4 steps after the ban its operator rejoins under a new id
-    assert eng.added[-1] == (1, "s1r0")
+    r, mesh = responder(ban_after=1, replace_banned=True, rejoin_after=4, ban_pvalue=1.0)
+    step(r, mesh, 10, [(msg(10), FLAG)])
+    assert mesh.added == [(1, None)]
+    assert mesh.bans == [(10, "s1r0", "s1r3")]
+    step(r, mesh, 12, [(msg(12, sender="s1r1"), OK)])
+    assert len(mesh.added) == 1
+    step(r, mesh, 13, [(msg(13, sender="s1r1"), OK)])  # due at step 14: its operator rejoins under a new id
+    assert mesh.added[-1] == (1, "s1r0")
 
 
 def test_last_replica_of_a_stage_is_never_banned_without_replacement():
-    r, eng = responder(ban_after=1, ban_pvalue=1.0)
-    r.deliver(msg(0, "s1r0"), FLAG)
-    r.deliver(msg(0, "s1r1"), FLAG)
-    r.deliver(msg(0, "s1r2"), FLAG)
-    assert eng.workers.live_in_stage(1) == [eng.workers.index("s1r2")]
-    assert len(eng.log.bans) == 2
+    r, mesh = responder(ban_after=1, ban_pvalue=1.0)
+    step(r, mesh, 0, [(msg(0, "s1r0", mb=0), FLAG), (msg(0, "s1r1", mb=1), FLAG), (msg(0, "s1r2", mb=2), FLAG)])
+    assert mesh.workers.live_in_stage(1) == [mesh.workers.index("s1r2")]
+    assert len(mesh.bans) == 2
 
 
-def route(r, step, mb, senders, flag_last=False):
-    """Deliver a microbatch's messages along a route; optionally flag the last one."""
-    for i, w in enumerate(senders):
-        last = i == len(senders) - 1
-        r.deliver(Message(step, mb, i, Role.ACTIVATION, w, "x", torch.ones(2, 2)), FLAG if (flag_last and last) else OK)
+def route(step_idx, mb, senders, flag_last=False):
+    """A microbatch's messages along a route; optionally the last one flagged."""
+    return [(Message(step_idx, mb, i, Role.ACTIVATION, w, "x", torch.ones(2, 2)),
+             FLAG if (flag_last and i == len(senders) - 1) else OK) for i, w in enumerate(senders)]
 
 
 def test_route_attribution_bans_the_upstream_attacker_not_the_contaminated_downstream():
     """s2r1 corrupts invisibly; every microbatch through it is flagged one hop later, at whichever s3 replica."""
-    r, eng = responder()
+    r, mesh = responder()
     gen = torch.Generator().manual_seed(0)
-    for step in range(12):
+    for n in range(12):
+        records = []
         for mb in range(4):
             s2 = f"s2r{int(torch.randint(3, (1,), generator=gen))}"
             s3 = f"s3r{int(torch.randint(3, (1,), generator=gen))}"
-            route(r, step, mb, [f"s0r{mb % 3}", f"s1r{mb % 3}", s2, s3], flag_last=s2 == "s2r1")
-    banned = [eng.log.workers[w] for w in eng.log.bans["worker"]]
-    assert banned == ["s2r1"]
+            records += route(n, mb, [f"s0r{mb % 3}", f"s1r{mb % 3}", s2, s3], flag_last=s2 == "s2r1")
+        step(r, mesh, n, records)
+    assert [w for _, w, _ in mesh.bans] == ["s2r1"]
 
 
 def test_isolated_honest_flags_do_not_ban():
-    r, eng = responder()
-    for step in range(30):
-        for mb in range(3):
-            route(r, step, mb, [f"s0r{mb}", f"s1r{mb}"], flag_last=(step % 9 == 0 and mb == 1))
-    assert len(eng.log.bans) == 0
+    r, mesh = responder()
+    for n in range(30):
+        records = [rec for mb in range(3) for rec in route(n, mb, [f"s0r{mb}", f"s1r{mb}"],
+                                                          flag_last=(n % 9 == 0 and mb == 1))]
+        step(r, mesh, n, records)
+    assert not mesh.bans
 
 
 def test_sender_attribution_blames_only_the_sender():
-    r, eng = responder(attribution="sender", ban_pvalue=1.0, ban_after=2)
-    for step in range(2):
-        route(r, step, 0, ["s0r0", "s1r0", "s2r0"], flag_last=True)
-    assert [eng.log.workers[w] for w in eng.log.bans["worker"]] == ["s2r0"]
+    r, mesh = responder(attribution="sender", ban_pvalue=1.0, ban_after=2)
+    for n in range(2):
+        step(r, mesh, n, route(n, 0, ["s0r0", "s1r0", "s2r0"], flag_last=True))
+    assert [w for _, w, _ in mesh.bans] == ["s2r0"]
 
 
 def test_open_loop_never_acts():
-    r, eng = responder(mode="open_loop", ban_after=1)
-    for step in range(5):
-        assert torch.equal(r.deliver(msg(step), FLAG), torch.ones(2, 2))
-    assert all(eng.workers.live) and len(eng.log.bans) == 0
+    r, mesh = responder(mode="open_loop", ban_after=1)
+    for n in range(5):
+        assert torch.equal(step(r, mesh, n, [(msg(n), FLAG)])[0], torch.ones(2, 2))
+    assert all(mesh.workers.live) and not mesh.bans
+
+
+def test_the_response_policy_cannot_reach_ground_truth(tiny_scenario):
+    """By construction: nothing reachable from the responder (or the verifier) is an EventLog or an adversary."""
+    import gc
+    import types
+
+    from attacks.layer import AdversaryLayer
+    from sentinel.eventlog import EventLog
+    from sentinel.runner import build_engine
+
+    sc = tiny_scenario("pipeline.replicas=3", "detector.name=sentinel", "adversary.placement=explicit",
+                       "adversary.workers=[s1r0]", "adversary.attacks=[{name: scaling, role: both}]")
+    engine = build_engine(sc)
+    assert isinstance(engine.adversary, AdversaryLayer)
+    for root in (engine.responder, *engine.verifiers.values()):
+        seen, todo = set(), [root]
+        while todo:
+            obj = todo.pop()
+            if id(obj) in seen or isinstance(obj, (type, types.ModuleType, torch.Tensor)):
+                continue
+            seen.add(id(obj))
+            assert not isinstance(obj, (EventLog, AdversaryLayer)), f"{type(root).__name__} reaches {type(obj).__name__}"
+            if isinstance(obj, types.FunctionType):  # what a function holds, not the module it was defined in
+                todo.extend([c.cell_contents for c in obj.__closure__ or ()] + list(obj.__defaults__ or ()))
+            elif isinstance(obj, types.MethodType):
+                todo.extend([obj.__self__, obj.__func__])
+            else:
+                todo.extend(gc.get_referents(obj))
+        assert len(seen) > 5  # the walk did visit the object graph
 
 
 @pytest.mark.parametrize("key,value", [("strike_window", 0), ("rejoin_after", -1), ("ban_after", 0)])
@@ -143,17 +195,19 @@ def test_bad_response_config_is_a_located_error(tiny_scenario, key, value):
 def test_engine_replacement_copies_weights_and_optimizer_state(tiny_scenario):
     from sentinel.engine.sim import SimEngine
 
-    eng = SimEngine(tiny_scenario("pipeline.replicas=2", "training.steps=2"))
+    eng = SimEngine(tiny_scenario("pipeline.replicas=2", "training.steps=3"))
     eng.train_step()
-    wid = eng.add_replica(1)
-    assert wid == "s1r2" and eng.workers.live_in_stage(1)[-1] == len(eng.replicas) - 1
-    src, new = eng.replicas[eng.workers.index("s1r0")], eng.replicas[-1]
+    added = eng.apply_events([MeshEvent("add", 1, "s1r2", 1)])  # a replacement, as the response policy decides
+    eng._add_replica("s1r2", 1, None)  # built after the step's update (train_step does this)
+    new_idx = eng.workers.index("s1r2")
+    assert [ev.worker for ev in added] == ["s1r2"] and eng.workers.live_in_stage(1)[-1] == new_idx
+    src, new = eng.replicas[eng.workers.index("s1r0")], eng.replicas[new_idx]
     for a, b in zip(src.params, new.params):
         assert torch.equal(a, b) and a.data_ptr() != b.data_ptr()
     s_state, n_state = src.optimizer.state_dict()["state"], new.optimizer.state_dict()["state"]
     assert s_state.keys() == n_state.keys() and torch.equal(s_state[0]["exp_avg"], n_state[0]["exp_avg"])
     eng.train_step()  # the newcomer is routed and stays in sync under synchronous DP
-    for a, b in zip(eng.replicas[eng.workers.index("s1r0")].params, eng.replicas[-1].params):
+    for a, b in zip(eng.replicas[eng.workers.index("s1r0")].params, new.params):
         torch.testing.assert_close(a, b)
 
 

@@ -161,10 +161,14 @@ def test_scores_do_not_move_the_token_sampler():
             assert a.observe(msg(s, m, x)) == b.observe(msg(s, m, x))
 
 
-def test_token_offsets_drawn_in_blocks_are_the_per_message_draws():
-    det = small()
-    ref = np.random.default_rng([0, 0x70C])  # the detector's private sampler (seed 0)
-    assert [det._offset() for _ in range(600)] == [int(ref.integers(1 << 30)) for _ in range(600)]
+def test_token_offsets_depend_on_the_message_alone():
+    """A keyed hash of the message's identity: the same in any order, different across messages and seeds."""
+    det, other = small(), Sentinel(Sentinel.Config(), seed=1)
+    msgs = [msg(s, m, honest(s, m)) for s in range(20) for m in range(3)]
+    forward = [det._offset(x) for x in msgs]
+    assert forward == [det._offset(x) for x in msgs[::-1]][::-1]  # order does not matter
+    assert len(set(forward)) == len(msgs) and all(0 <= o < 1 << 30 for o in forward)
+    assert forward != [other._offset(x) for x in msgs]  # the key comes from the seed
 
 
 @pytest.mark.parametrize("substitutes", [True, False])

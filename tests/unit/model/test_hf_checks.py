@@ -124,7 +124,7 @@ def _ckpt_scenario(folder) -> dict:
 def test_a_checkpoint_validates_and_prints_its_size(tmp_path, capsys, checkpoint):
     code, out = _validate(tmp_path, _ckpt_scenario(checkpoint), capsys)
     assert code == 0, out
-    assert "model: hf llama, 4 layers, hidden 32, vocab 32" in out and "MiB per boundary message" in out
+    assert "model: hf llama, 39.2k parameters (10.3k, 9.28k, 9.28k, 10.3k per stage), width 32, vocab 32" in out
 
 
 def test_a_folder_without_config_json(tmp_path, capsys, checkpoint):

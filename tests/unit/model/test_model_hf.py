@@ -72,7 +72,7 @@ def test_gpt2_tied_copies_stay_identical_and_need_the_hook(monkeypatch):
     e1, _ = _train(hf_tiny("gpt2", "pipeline.stages=1", "pipeline.replicas=2"))
     torch.testing.assert_close(embed, e1.parameters()["transformer.wte.weight"], rtol=1e-5, atol=1e-5)
 
-    monkeypatch.setattr("sentinel.model.model_hooks", lambda sc: [])
+    monkeypatch.setattr("sentinel.engine.step.model_hooks", lambda sc: [])
     untied, _ = _train(sc)
     embed_u, head_u = _tied_pair(untied)
     assert not torch.allclose(embed_u, head_u, atol=1e-4)  # the comparison above is not vacuous
@@ -82,8 +82,11 @@ def test_gpt2_tied_copies_stay_identical_and_need_the_hook(monkeypatch):
 class _DropAllGradientsAtBoundary0:
     """A responder that drops every gradient crossing boundary 0: stage 0 never gets a backward."""
 
-    def deliver(self, msg, verdict):
+    def deliver(self, msg, verdict, substitute=None):
         return None if (msg.boundary == 0 and msg.role == 1) else msg.payload
+
+    def end_step(self, step, records):
+        pass
 
 
 class _AcceptAll:
@@ -91,6 +94,9 @@ class _AcceptAll:
         from sentinel.detectors import Verdict
 
         return Verdict({}, False)
+
+    def substitute(self, msg):
+        return None
 
 
 def test_tied_copy_follows_the_side_that_stepped():

@@ -25,7 +25,7 @@ import time
 
 import torch
 
-from sentinel.dist.wire import body_limit
+from sentinel.distributed.wire import body_limit
 from sentinel.errors import ConfigError
 from sentinel.transport.message import Wire
 

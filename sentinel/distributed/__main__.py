@@ -1,4 +1,4 @@
-"""`torchrun ... -m sentinel.dist SCENARIO --out DIR [options]`: one rank of a dist run.
+"""`torchrun ... -m sentinel.distributed SCENARIO --out DIR [options]`: one rank of a dist run.
 
 Every rank runs this with the same arguments; rank 0 becomes the relay and writes the result folder,
 the others host workers. `sentinel run SCENARIO --backend dist --nproc N` launches it locally.
@@ -13,9 +13,9 @@ import sys
 import traceback
 from pathlib import Path
 
-from sentinel.dist.driver import relay_trainer, worker_loop, write_exit
-from sentinel.dist.faults import parse_faults
-from sentinel.dist.runtime import Options, Runtime, check_supported
+from sentinel.distributed.driver import trainer, worker_loop, write_exit
+from sentinel.distributed.faults import parse_faults
+from sentinel.distributed.runtime import Options, Runtime, check_supported
 from sentinel.errors import ConfigError, SentinelError
 
 
@@ -24,7 +24,7 @@ class Terminated(BaseException):
 
 
 def make_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m sentinel.dist", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="python -m sentinel.distributed", description=__doc__.splitlines()[0])
     p.add_argument("scenario")
     p.add_argument("--out", required=True, help="result folder (on rank 0's host; every rank must see the same path)")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
@@ -35,6 +35,8 @@ def make_parser() -> argparse.ArgumentParser:
     p.add_argument("--fault", action="append", default=[], metavar="KIND:WORKER:STEP", help="inject a fault")
     p.add_argument("--device", choices=["cpu", "cuda", "auto"], default="cpu")
     p.add_argument("--backend", choices=["auto", "gloo", "nccl"], default="auto")
+    p.add_argument("--verifiers", type=int, default=None, metavar="V",
+                   help="verifier processes (default: one per stage boundary, as --nproc allows)")
     p.add_argument("--quiet", action="store_true")
     return p
 
@@ -44,7 +46,7 @@ def options_from(args: argparse.Namespace) -> Options:
         raise ConfigError("--timeout must be > 0 and --checkpoint-every >= 0")
     parse_faults(args.fault)
     return Options(timeout_s=args.timeout, checkpoint_every=args.checkpoint_every, resume=args.resume,
-                   faults=tuple(args.fault), device=args.device, backend=args.backend)
+                   faults=tuple(args.fault), device=args.device, backend=args.backend, verifiers=args.verifiers)
 
 
 def _rank0(args: argparse.Namespace, rt: Runtime, top: Path) -> None:
@@ -57,7 +59,7 @@ def _rank0(args: argparse.Namespace, rt: Runtime, top: Path) -> None:
             for rank, what in rt_map(sc, rt):
                 print(f"[dist] rank {rank}: {what}", flush=True)
         summary = runner.run(sc, top, progress=False if args.quiet else None, backend="dist",
-                             trainer=relay_trainer(rt, top))
+                             trainer=trainer(rt, top))
         t = summary["training"]
         if os.environ.get("SENTINEL_DIST_LAUNCHED") != "1":  # `sentinel run` prints this line itself
             print(f"{sc.name}: val loss {t['initial_val_loss']:.4f} -> {t['final_val_loss']:.4f} "
@@ -68,9 +70,9 @@ def _rank0(args: argparse.Namespace, rt: Runtime, top: Path) -> None:
 
 
 def rt_map(sc, rt: Runtime) -> list[tuple[int, str]]:
-    from sentinel.dist.mapping import RankMap
+    from sentinel.distributed.mapping import RankMap
 
-    return RankMap(sc.pipeline.stages, sc.pipeline.replicas, rt.world).table()
+    return RankMap(sc.pipeline.stages, sc.pipeline.replicas, rt.world, rt.options.verifiers).table()
 
 
 def main(argv: list[str] | None = None) -> int:
