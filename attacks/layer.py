@@ -31,6 +31,7 @@ from attacks.assignment import assign_malicious
 from attacks.base import Attack, AttackContext, seeded_int
 from attacks.schedule import Schedule
 from attacks.wire import wire_fields
+from sentinel.data import vocab_size as data_vocab
 from sentinel.errors import RunError
 from sentinel.registry import ATTACKS
 from sentinel.transport.message import Message, Role, Wire
@@ -81,7 +82,7 @@ class AdversaryLayer:
         t = scenario.transport  # codec name per role: which wire fields post-codec attacks touch
         self.codec_names = {role: (getattr(t, f"{role.label}_codec", None) or t.codec).name
                             for role in (Role.ACTIVATION, Role.GRADIENT)}
-        self.vocab = 256 if scenario.data.source == "text" else scenario.data.vocab
+        self.vocab = data_vocab(scenario)  # target corruption draws labels the tokenizer can produce
         self.entries = [self._entry(i, spec, scenario.seed) for i, spec in enumerate(adv.attacks)]
         self._pending_targets: dict[tuple[int, int, str], str] = {}
         self._pre_acted: Message | None = None  # the message pre_codec tampered last (post_codec skips it)

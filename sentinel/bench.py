@@ -21,7 +21,7 @@ from sentinel.distributed.launch import launch
 from sentinel.distributed.runtime import Options
 from sentinel.engine.optim import lr_at, make_optimizer
 from sentinel.engine.sim import SimEngine
-from sentinel.model import build_stages, loss_fn
+from sentinel.model import build_stages, describe, dims, loss_fn
 from sentinel.parallel import cpu_count
 from sentinel.progress import Progress
 from sentinel.runner import build_engine
@@ -45,7 +45,8 @@ class PlainLoop:
 
     def __init__(self, sc: scenario_mod.Scenario):
         self.sc, self.data = sc, Dataset(sc)
-        self.model = build_stages(sc.model, sc.model.vocab or self.data.vocab, 1, sc.seed)[0]
+        self.model = build_stages(sc.model, dims(sc).vocab, 1, sc.seed)[0]
+        self.forward = self.model  # token ids (B, T) -> logits (B, T, V)
         self.opt = make_optimizer(self.model.parameters(), sc.training)
         self.step = 0
 
@@ -53,7 +54,7 @@ class PlainLoop:
         batch = self.data.train_batch(self.step)  # M, B, T+1
         losses = []
         for mb in batch:
-            loss = loss_fn(self.model(mb[:, :-1]), mb[:, 1:])
+            loss = loss_fn(self.forward(mb[:, :-1]), mb[:, 1:])
             loss.backward()
             losses.append(loss.item())
         for p in self.model.parameters():
@@ -143,6 +144,34 @@ def engine_overhead(quick: bool) -> dict:
             "stages": sc.pipeline.stages,
             "replicas": sc.pipeline.replicas,
         },
+    }
+
+
+@benchmark
+def hf_engine_overhead(quick: bool) -> dict:
+    """`engine_overhead` on a transformers Llama (scenarios/bench/hf_engine.yaml): the sim engine (S=4, R=1)
+    over a plain loop that calls the unsplit transformers model's own forward on the same microbatches."""
+    from sentinel.model import hf_config
+
+    if not hf_config.available():
+        return {"hf_engine_overhead": None, "hf_engine_overhead_detail": f"needs the [hf] extra: {hf_config.INSTALL}"}
+    from sentinel.model.hf import build_model
+
+    sc = load_bench("hf_engine")
+
+    def plain() -> PlainLoop:
+        loop = PlainLoop(sc)
+        model = build_model(sc.model, dims(sc).vocab, sc.seed)  # the same weights as the stages
+        loop.model, loop.forward = model, lambda x: model(input_ids=x).logits  # B, T -> B, T, V
+        loop.opt = make_optimizer(model.parameters(), sc.training)
+        return loop
+
+    t = alternate({"plain": plain, "engine": lambda: SimEngine(sc)}, reps=2 if quick else 5, steps=3 if quick else 8)
+    return {
+        "hf_engine_overhead": t["engine"] / t["plain"],
+        "hf_engine_overhead_detail": {"plain_s_per_step": t["plain"], "sim_s_per_step": t["engine"],
+                                      "model": describe(sc)["family"], "params": describe(sc)["params_total"],
+                                      "stages": sc.pipeline.stages, "replicas": sc.pipeline.replicas},
     }
 
 

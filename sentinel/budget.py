@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from sentinel.errors import ConfigError
-from sentinel.model import split_layers
+from sentinel.model import describe
 from sentinel.registry import REGISTRIES
 from sentinel.scenario import Scenario
 
@@ -52,6 +52,7 @@ class ModelDims:
     hidden: int  # boundary tensor width d
     ffn: int
     vocab: int
+    name: str = "builtin"  # "builtin", or "hf <model_type>"
 
     @property
     def params(self) -> int:
@@ -59,22 +60,13 @@ class ModelDims:
 
 
 def model_dims(sc) -> ModelDims:
-    """Parameter counts per stage from the built-in model's formula (sentinel/model.py), no weights built.
-
-    The one place the estimate depends on the model family (HF models will answer here instead).
-    """
-
-    m = sc.model
-    vocab = m.vocab or (256 if sc.data.source == "text" else sc.data.vocab)
-    d = m.dim
-    ffn = m.ffn_hidden if m.ffn_hidden is not None else max(8, (int(8 * d / 3) + 7) // 8 * 8)
-    block = 4 * d * d + 3 * d * ffn + 2 * d  # qkv + out, gate + up + down, two RMSNorms
-    S = sc.pipeline.stages
-    layers = tuple(len(r) for r in split_layers(m.layers, S))
-    params = [n * block for n in layers]
-    params[0] += vocab * d  # token embedding
-    params[-1] += vocab * d + d  # head and final norm
-    return ModelDims(tuple(params), layers, d, ffn, vocab)
+    """Parameter counts per stage of the scenario's model (builtin or transformers), counted on the `meta`
+    device by `sentinel.model.describe`: no weights built."""
+    x = describe(sc)
+    name = "builtin" if x["source"] == "builtin" else f"hf {x['family']}"
+    return ModelDims(
+        tuple(x["params_per_stage"]), tuple(x["layers_per_stage"]), x["hidden"], x["ffn"], x["vocab"], name
+    )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -106,7 +98,8 @@ class Estimate:
             ", ..." if len(d.params_per_stage) > 8 else ""
         )
         return [
-            f"model: {_count(d.params)} parameters ({per_stage} per stage), width {d.hidden}, vocab {d.vocab}",
+            f"model: {d.name}, {_count(d.params)} parameters ({per_stage} per stage), width {d.hidden}, "
+            f"vocab {d.vocab}",
             f"memory: ~{_size(self.total)} peak (" + ", ".join(f"{t.name} {_size(t.bytes)}" for t in self.terms) + ")",
             f"work: {_count(self.messages)} boundary messages of {_size(self.message_bytes)}, "
             f"~{self.flops:.2g} training FLOPs over {self.runs} run{'s' if self.runs > 1 else ''}",
@@ -168,7 +161,9 @@ def _data_bytes(sc) -> int:
     if d.path is None:
         return batch + 9 * 500_000  # the built-in corpus, ~460 kB
     try:
-        return batch + 9 * Path(d.path).stat().st_size
+        path = Path(d.path)
+        files = [f for f in path.rglob("*") if f.is_file()] if path.is_dir() else [path]  # a folder: its documents
+        return batch + 9 * sum(f.stat().st_size for f in files)
     except (OSError, ValueError):
         return batch  # an unreadable path is reported by the scenario's own check
 
@@ -205,7 +200,11 @@ def estimate(sc, backend: str = "sim", nproc: int | None = None) -> Estimate:
     runs = runs_of(sc)
     nproc = nproc or (sc.num_workers + 1 if backend == "dist" else 1)
     messages = messages_per_step(sc) * sc.training.steps * runs
-    size_keys = ("model.dim", "model.layers", "model.vocab", "model.ffn_hidden")
+    size_keys = (
+        ("model.dim", "model.layers", "model.vocab", "model.ffn_hidden")
+        if sc.model.source == "builtin"
+        else ("model.hf.config", "model.hf.path", "model.vocab")
+    )
     act_keys = (
         "data.batch_size",
         "model.seq_len",

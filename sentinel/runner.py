@@ -30,6 +30,7 @@ from attacks import build_adversary
 from attacks.validation import white_box_attacks
 from sentinel import scenario as scenario_mod
 from sentinel.config import build
+from sentinel.data import prepare as prepare_data
 from sentinel.detectors.verifier import PublishedState, build_defence
 from sentinel.engine import checkpoint
 from sentinel.engine.clock import network_report
@@ -245,6 +246,7 @@ def _run(
 ) -> dict:
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / "scenario.yaml").write_text(yaml.safe_dump(scenario.to_dict(), sort_keys=False))
+    prepare_data(scenario, out_dir)  # a BPE tokenizer trained once, kept in the result folder for twins and reruns
     t0 = time.perf_counter()
     twins, (engine, result, _) = run_twins(
         scenario,

@@ -8,8 +8,7 @@ overrides go through the same validation. YAML is read by `sentinel/safeyaml.py`
 from __future__ import annotations
 
 import dataclasses
-import os
-import stat
+import importlib
 from pathlib import Path
 from typing import Any, ClassVar, Literal
 
@@ -24,24 +23,46 @@ MAX_WORKERS = 16_384  # stages x replicas in one mesh (the library's largest is 
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
+class HFModelConfig:
+    """A transformers causal LM (model.source: hf): built from a config at random init, or loaded from a folder."""
+
+    config: dict[str, Any] | None = spec(None, help="a transformers config: `model_type` (llama, mistral, qwen2, "
+                                         "gpt2) and that family's keys, e.g. hidden_size; random init from the seed")
+    path: str | None = spec(None, help="local folder with config.json and *.safetensors weights (loaded offline)")
+    attn_implementation: Literal["sdpa", "eager"] = spec("sdpa", help="transformers attention kernel")
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
 class ModelConfig:
-    layers: int = spec(4, ge=1, le=1024, help="transformer blocks, split evenly over the stages")
-    dim: int = spec(64, ge=4, le=65536, help="model width")
-    heads: int = spec(4, ge=1, le=1024, help="attention heads; dim / heads must be even (rotary)")
+    source: Literal["builtin", "hf"] = spec("builtin", help="the built-in Llama-style model, or a transformers "
+                                            "model (model.hf; needs pip install -e '.[hf]')")
+    layers: int = spec(4, ge=1, le=1024, help="builtin: transformer blocks, split evenly over the stages")
+    dim: int = spec(64, ge=4, le=65536, help="builtin: model width")
+    heads: int = spec(4, ge=1, le=1024, help="builtin: attention heads; dim / heads must be even (rotary)")
     seq_len: int = spec(64, ge=2, le=65536, help="tokens per sequence")
-    vocab: int | None = spec(None, ge=2, le=2**20, help="vocabulary size; default: the data source's")
-    ffn_hidden: int | None = spec(None, ge=1, le=2**18, help="SwiGLU hidden width; default ~8/3 * dim")
+    vocab: int | None = spec(None, ge=2, le=2**20, help="vocabulary size; default: the tokenizer's (or the hf "
+                             "config's)")
+    ffn_hidden: int | None = spec(None, ge=1, le=2**18, help="builtin: SwiGLU hidden width; default ~8/3 * dim")
+    hf: HFModelConfig = dataclasses.field(default_factory=HFModelConfig)
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class DataConfig:
     source: Literal["synthetic", "text"] = spec("synthetic", help="seeded Markov source, or local text")
-    path: str | None = spec(None, help="text file for source=text (default: Python's bundled docs)")
+    path: str | None = spec(None, help="source=text: a text file, a folder of text files, or a JSONL file "
+                            "(one document per line; default: Python's bundled docs)")
+    tokenizer: Literal["bytes", "bpe", "hf"] = spec("bytes", help="source=text: bytes (vocab 256), a byte-level "
+                                                   "BPE trained on the training split, or a local transformers "
+                                                   "tokenizer (tokenizer_path)")
+    bpe_vocab: int = spec(4096, ge=257, le=2**20, help="tokenizer=bpe: vocabulary size to train")
+    tokenizer_path: str | None = spec(None, help="tokenizer=hf: local tokenizer folder (default: model.hf.path)")
+    text_field: str = spec("text", help="JSONL corpus: the key holding each document's text")
     batch_size: int = spec(8, ge=1, le=65536, help="sequences per microbatch")
     vocab: int = spec(64, ge=2, le=4096, help="synthetic source: number of token types")
     order: int = spec(1, ge=1, le=3, help="synthetic source: Markov order")
     concentration: float = spec(0.1, gt=0, le=1e6, help="synthetic source: Dirichlet concentration of each transition row")
-    val_fraction: float = spec(0.1, gt=0, lt=1, help="text source: held-out tail fraction")
+    val_fraction: float = spec(0.1, gt=0, lt=1, help="text source: held-out fraction (of the documents, or the "
+                               "tail of a single text)")
     val_batches: int = spec(4, ge=1, le=4096, help="validation microbatches per evaluation")
 
 
@@ -244,62 +265,16 @@ class Scenario:
 
 
 # Cross-field rules run after every section is well-typed. Each returns (path, message) problems. Rules about a
-# plug-in kind live with its package and register here (attacks/validation.py, sentinel/detectors/__init__.py);
-# `validate` loads every registry first, so they are in place whatever the scenario names.
+# plug-in kind or a section another package owns live with that package and register here (attacks/validation.py,
+# sentinel/detectors/__init__.py, sentinel/model/facts.py, sentinel/data/dataset.py); `validate` loads those
+# packages first (every registry, and CHECKERS), so the rules are in place whatever the scenario names.
 CROSS_CHECKS: list = []
+CHECKERS = ("sentinel.model", "sentinel.data")  # packages that check their own sections
 
 
 def cross_check(fn):
     CROSS_CHECKS.append(fn)
     return fn
-
-
-@cross_check
-def _model_shape(sc: Scenario) -> list[tuple[str, str]]:
-    m, out = sc.model, []
-    if sc.pipeline.stages > m.layers:
-        out.append(("pipeline.stages", f"{sc.pipeline.stages} stages but model.layers is {m.layers}; "
-                    f"every stage needs a block: set pipeline.stages <= {m.layers} or raise model.layers"))
-    if m.dim % m.heads:
-        out.append(("model.heads", f"model.dim ({m.dim}) must be divisible by model.heads ({m.heads})"))
-    elif (m.dim // m.heads) % 2:
-        out.append(("model.heads", f"head size dim/heads = {m.dim // m.heads} must be even for rotary positions"))
-    data_vocab = 256 if sc.data.source == "text" else sc.data.vocab
-    if m.vocab is not None and m.vocab < data_vocab:
-        out.append(("model.vocab", f"{m.vocab} is smaller than the data source's vocabulary ({data_vocab}); "
-                    "raise it or leave it unset"))
-    if sc.data.source == "synthetic" and sc.data.vocab ** sc.data.order > 2_000_000:
-        out.append(("data.order", f"vocab**order = {sc.data.vocab ** sc.data.order} Markov contexts is too many "
-                    "(max 2,000,000); lower data.vocab or data.order"))
-    return out
-
-
-@cross_check
-def _data_path(sc: Scenario) -> list[tuple[str, str]]:
-    """The text file exists, is readable and holds a sequence for each split (the rule TextSource applies)."""
-    d = sc.data
-    if d.path is not None and d.source != "text":
-        return [("data.path", "only used with data.source: text")]
-    if d.path is None:
-        return []
-    try:
-        st = os.stat(d.path)
-        if stat.S_ISDIR(st.st_mode) or not stat.S_ISREG(st.st_mode):
-            kind = "a folder" if stat.S_ISDIR(st.st_mode) else "not a regular file"
-            return [("data.path", f"{d.path!r} is {kind}; give a text file")]
-        with open(d.path, "rb") as f:
-            f.read(1)
-    except FileNotFoundError:
-        return [("data.path", f"file not found: {d.path!r}")]
-    except (OSError, ValueError) as exc:  # permission, a name too long, a NUL byte
-        return [("data.path", f"cannot read {d.path!r}: {getattr(exc, 'strerror', None) or exc}")]
-    train = int(st.st_size * (1 - d.val_fraction))
-    need = sc.model.seq_len + 2
-    if min(train, st.st_size - train) < need:
-        return [("data.path", f"{d.path!r} has {st.st_size:,} bytes: its training ({train:,}) and validation "
-                 f"({st.st_size - train:,}) splits (data.val_fraction {d.val_fraction}) each need model.seq_len + 2 "
-                 f"= {need} bytes; use a longer file, a smaller model.seq_len or another data.val_fraction")]
-    return []
 
 
 @cross_check
@@ -348,6 +323,8 @@ def validate(data: Any, overrides: list[str] | tuple[str, ...] = ()) -> Scenario
     sc = build(Scenario, data)
     for registry in REGISTRIES.values():  # the plug-in packages register their cross-checks when they load
         registry.names()
+    for module in CHECKERS:
+        importlib.import_module(module)
     problems = [f"{path}: {msg}" for check in CROSS_CHECKS for path, msg in check(sc)]
     if problems:
         raise ConfigError(problems)

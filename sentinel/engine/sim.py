@@ -21,7 +21,7 @@ import torch
 from sentinel.engine.step import DROPPED, Provenance, StepProgram, StepState, payload_shape
 from sentinel.engine.workers import MeshControl, MeshEvent, WorkerTable
 from sentinel.eventlog import EventLog
-from sentinel.model import loss_fn
+from sentinel.model import global_parameters, loss_fn
 from sentinel.scenario import Scenario
 from sentinel.transport.message import Message, Role
 from sentinel.transport.relay import Relay, Sender, SenderInputs
@@ -209,19 +209,5 @@ class SimEngine(StepProgram):
 
     def parameters(self) -> dict[str, torch.Tensor]:
         """Flat name -> tensor of the reference replicas, with names independent of the stage split."""
-        return named_parameters(self.reference_modules())
-
-
-def named_parameters(modules: list) -> dict[str, torch.Tensor]:
-    """Flat name -> tensor over a model split into stages, with names independent of the split."""
-    out: dict[str, torch.Tensor] = {}
-    block = 0
-    for m in modules:
-        for name, p in m.named_parameters():
-            if name.startswith("blocks."):
-                i, rest = name.split(".", 2)[1:]
-                name = f"blocks.{block + int(i)}.{rest}"
-            out[name] = p.detach()
-        block += len(m.blocks)
-    return out
+        return global_parameters(self.reference_modules())
 

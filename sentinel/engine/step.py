@@ -46,7 +46,7 @@ from sentinel.engine.schedule import Action, execute, make_schedule
 from sentinel.engine.sparse_avg import SparseAveraging
 from sentinel.engine.workers import MeshEvent, Router, WorkerTable
 from sentinel.eventlog import EventLog
-from sentinel.model import Stage, build_stages, loss_fn
+from sentinel.model import Stage, build_stages, dims, loss_fn, model_hooks
 from sentinel.registry import AGGREGATORS
 from sentinel.scenario import Scenario
 from sentinel.transport.codecs import build_codecs
@@ -139,7 +139,7 @@ class StepProgram:
         p = scenario.pipeline
         self.sc, self.log, self.placement, self.channel, self.collective = scenario, log, placement, channel, collective
         self.data = Dataset(scenario)
-        self.vocab = scenario.model.vocab or self.data.vocab
+        self.vocab = dims(scenario).vocab
         self.num_stages, self.num_microbatches = p.stages, p.microbatches
         self.workers = workers if workers is not None else WorkerTable(p.stages, p.replicas)
         for wid in self.workers.ids:
@@ -166,9 +166,9 @@ class StepProgram:
         self.hooks: list[StepHook] = []
 
     def install_hooks(self, clock: bool = True) -> None:
-        """The hooks this scenario needs, attached, in the order their `after_update` must run: codecs, sparse
-        averaging, asynchrony, the network clock (`clock=False`: a backend that measures real time instead)."""
-        sc, hooks = self.sc, []
+        """The hooks this scenario needs, attached, in the order their `after_update` must run: the model's (tied
+        embeddings), codecs, sparse averaging, asynchrony, the network clock (`clock=False`: a backend that measures real time instead)."""
+        sc, hooks = self.sc, model_hooks(self.sc)  # tied embeddings: gradients summed right after DP sync
         for codec in {id(c): c for c in self.codecs.values()}.values():
             if isinstance(codec, StepHook):
                 hooks.append(codec)
@@ -404,5 +404,5 @@ class StepProgram:
 
 
 def payload_shape(scenario: Scenario) -> tuple[int, int, int]:
-    """The shape of every honest boundary tensor: (batch_size, seq_len, dim)."""
-    return (scenario.data.batch_size, scenario.model.seq_len, scenario.model.dim)
+    """The shape of every honest boundary tensor: (batch_size, seq_len, hidden)."""
+    return (scenario.data.batch_size, scenario.model.seq_len, dims(scenario).hidden)

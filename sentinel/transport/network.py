@@ -169,7 +169,7 @@ def simulate_step(
 
 def stage_flops(module, batch_size: int, seq_len: int) -> float:
     """Forward FLOPs of a stage on one microbatch: 2 * params * tokens + causal attention 2 L B T^2 d."""
-    params = sum(p.numel() for n, p in module.named_parameters() if not n.startswith("embed."))
-    dim = module.blocks[0].attn.out.weight.shape[0] if len(module.blocks) else 0
-    tokens = batch_size * seq_len
-    return 2.0 * params * tokens + 2.0 * len(module.blocks) * batch_size * seq_len**2 * dim
+    embed = module.input_embedding()  # a lookup, not a product
+    params = sum(p.numel() for p in module.parameters() if embed is None or p is not embed.weight)
+    tokens, layers = batch_size * seq_len, len(module.decoder_layers())
+    return 2.0 * params * tokens + 2.0 * layers * batch_size * seq_len**2 * module.hidden_size

@@ -117,7 +117,7 @@ class Subspace(Codec, StepHook):
 
     # -- engine hooks ------------------------------------------------------------------------------
     def attach(self, engine: StepProgram) -> None:
-        self.bind(engine.templates[0].embed.weight, engine.vocab, self._step_tokens, engine.sc.seed)
+        self.bind(engine.templates[0].input_embedding().weight, engine.vocab, self._step_tokens, engine.sc.seed)
         if self.config.project_weights:
             self.project(engine)
 
@@ -136,15 +136,15 @@ class Subspace(Codec, StepHook):
     @torch.no_grad()
     def project(self, engine: StepProgram) -> None:
         """W <- U U^T W for every output projection; E <- E_f + (E - E_f) U U^T (every live replica)."""
-        d = engine.sc.model.dim
+        d = self._embed.shape[1]
         U = self.basis(d)
         P = U @ U.T  # d, d
         for i, rep in engine.replicas.items():
             if not engine.workers.live[i]:
                 continue
             m = rep.module
-            for block in m.blocks:
-                for lin in (block.attn.out, block.mlp.down):
-                    lin.weight.copy_(P @ lin.weight)
-            if m.embed is not None:
-                m.embed.weight.copy_(self._embed + (m.embed.weight - self._embed) @ P)
+            m.project_residual_(P)  # every layer's output projections (and learned positions)
+            embed = m.input_embedding()
+            tables = ([embed.weight] if embed is not None else []) + [h for h in [m.tied_head()] if h is not None]
+            for w in tables:  # a tied head's copy moves with the embedding it copies
+                w.copy_(self._embed + (w - self._embed) @ P)

@@ -63,6 +63,11 @@ class Workspace:
         p.write_bytes(data if isinstance(data, bytes) else data.encode("utf-8"))
         return str(p)
 
+    def folder(self, name: str) -> str:
+        p = self.root / name
+        p.mkdir(exist_ok=True)
+        return str(p)
+
     def file(self, name: str, content: bytes | str = b"") -> str:
         p = self.root / name
         p.parent.mkdir(parents=True, exist_ok=True)
@@ -412,10 +417,13 @@ def _cases() -> list[Case]:
         ],
         expect="each need model.seq_len + 2",
     )
-    add(
+    add(  # a folder of text files is a corpus (one document per file): an empty one is refused
         "data_path_folder",
-        lambda ws: ["validate", ws.scenario(data={**BASE, "data": {"source": "text", "path": str(ws.root)}})],
-        expect="is a folder",
+        lambda ws: [
+            "validate",
+            ws.scenario(data={**BASE, "data": {"source": "text", "path": ws.folder("empty_corpus")}}),
+        ],
+        expect="holds no files",
     )
     add(
         "data_path_dev_zero",

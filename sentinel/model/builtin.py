@@ -1,9 +1,9 @@
 """A small Llama-style decoder (RMSNorm, rotary positions, SwiGLU, causal attention) split into stages.
 
-`build_stages(cfg, vocab, num_stages, seed)` initialises the *whole* model from one seeded generator
-in a fixed order, then hands out contiguous blocks to stages, so the parameters do not depend on S:
-a 4-stage pipeline starts from exactly the same weights as a single stage. Stage 0 holds the
-token embedding, the last stage holds the final norm, the head and the loss.
+`build_builtin_stages(cfg, vocab, num_stages, seed)` initialises the *whole* model from one seeded
+generator in a fixed order, then hands out contiguous blocks to stages, so the parameters do not depend
+on S: a 4-stage pipeline starts from exactly the same weights as a single stage. Stage 0 holds the
+token embedding, the last stage holds the final norm and the head.
 """
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from sentinel.model.base import Stage, split_layers
 from sentinel.scenario import ModelConfig
 
 
@@ -76,16 +77,19 @@ class Block(nn.Module):
         return x + self.mlp(self.mlp_norm(x))
 
 
-class Stage(nn.Module):
+class BuiltinStage(Stage):
     """One pipeline stage: [embedding] -> blocks -> [norm, head].
 
     forward(x): token ids (B, T) on stage 0, hidden states (B, T, dim) elsewhere;
     returns hidden states (B, T, dim), or logits (B, T, vocab) on the last stage.
     """
 
-    def __init__(self, cfg: ModelConfig, vocab: int, blocks: list[Block], first: bool, last: bool):
+    def __init__(
+        self, cfg: ModelConfig, vocab: int, blocks: list[Block], first: bool, last: bool, layer_offset: int = 0
+    ):
         super().__init__()
         self.first, self.last = first, last
+        self.layer_offset, self.hidden_size = layer_offset, cfg.dim
         self.embed = nn.Embedding(vocab, cfg.dim) if first else None
         self.blocks = nn.ModuleList(blocks)
         self.norm = RMSNorm(cfg.dim) if last else None
@@ -103,27 +107,32 @@ class Stage(nn.Module):
             x = self.head(self.norm(x))
         return x
 
+    def input_embedding(self) -> nn.Embedding | None:
+        return self.embed
 
-def loss_fn(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-    """Mean next-token cross-entropy in nats."""
-    return F.cross_entropy(logits.reshape(-1, logits.size(-1)), targets.reshape(-1))
+    def decoder_layers(self) -> nn.ModuleList:
+        return self.blocks
+
+    def global_named_parameters(self) -> list[tuple[str, nn.Parameter]]:
+        out = []
+        for name, p in self.named_parameters():
+            if name.startswith("blocks."):
+                i, rest = name.split(".", 2)[1:]
+                name = f"blocks.{self.layer_offset + int(i)}.{rest}"
+            out.append((name, p))
+        return out
+
+    @torch.no_grad()
+    def project_residual_(self, P: torch.Tensor) -> None:
+        for block in self.blocks:
+            for lin in (block.attn.out, block.mlp.down):  # the two writers into the residual stream
+                lin.weight.copy_(P @ lin.weight)
 
 
 def ffn_hidden(cfg: ModelConfig) -> int:
     if cfg.ffn_hidden is not None:
         return cfg.ffn_hidden
     return max(8, (int(8 * cfg.dim / 3) + 7) // 8 * 8)  # Llama's 2/3 * 4d, rounded to 8
-
-
-def split_layers(num_layers: int, num_stages: int) -> list[range]:
-    """Contiguous, as-even-as-possible split: stage sizes differ by at most one (earlier stages larger)."""
-    base, extra = divmod(num_layers, num_stages)
-    out, start = [], 0
-    for s in range(num_stages):
-        n = base + (1 if s < extra else 0)
-        out.append(range(start, start + n))
-        start += n
-    return out
 
 
 @torch.no_grad()
@@ -133,7 +142,7 @@ def _init_(module: nn.Module, gen: torch.Generator, std: float = 0.02) -> None:
             p.copy_(torch.randn(p.shape, generator=gen) * std)
 
 
-def build_stages(cfg: ModelConfig, vocab: int, num_stages: int, seed: int) -> list[Stage]:
+def build_builtin_stages(cfg: ModelConfig, vocab: int, num_stages: int, seed: int) -> list[BuiltinStage]:
     """Build the model split into `num_stages` stages; weights independent of `num_stages`."""
     gen = torch.Generator().manual_seed(seed)
     hidden = ffn_hidden(cfg)
@@ -148,7 +157,9 @@ def build_stages(cfg: ModelConfig, vocab: int, num_stages: int, seed: int) -> li
     _init_(head, gen)
     stages = []
     for s, idx in enumerate(split_layers(cfg.layers, num_stages)):
-        st = Stage(cfg, vocab, [blocks[i] for i in idx], first=s == 0, last=s == num_stages - 1)
+        st = BuiltinStage(
+            cfg, vocab, [blocks[i] for i in idx], first=s == 0, last=s == num_stages - 1, layer_offset=idx.start
+        )
         if st.embed is not None:
             st.embed.load_state_dict(embed.state_dict())
         if st.head is not None:
@@ -157,5 +168,18 @@ def build_stages(cfg: ModelConfig, vocab: int, num_stages: int, seed: int) -> li
     return stages
 
 
-def num_params(modules: list[nn.Module]) -> int:
-    return sum(p.numel() for m in modules for p in m.parameters())
+def meta_builtin_stages(cfg: ModelConfig, vocab: int, num_stages: int) -> list[BuiltinStage]:
+    """The same stages on the `meta` device: shapes and parameter counts, no memory, no initialisation."""
+    with torch.device("meta"):
+        hidden = ffn_hidden(cfg)
+        return [
+            BuiltinStage(
+                cfg,
+                vocab,
+                [Block(cfg.dim, cfg.heads, hidden) for _ in idx],
+                first=s == 0,
+                last=s == num_stages - 1,
+                layer_offset=idx.start,
+            )
+            for s, idx in enumerate(split_layers(cfg.layers, num_stages))
+        ]

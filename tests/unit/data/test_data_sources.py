@@ -63,5 +63,5 @@ def test_text_source_holds_out_the_tail(tmp_path):
 def test_text_file_too_short_is_a_config_error(tmp_path):
     p = tmp_path / "t.txt"
     p.write_text("short")
-    with pytest.raises(ConfigError, match="fewer than seq_len"):
+    with pytest.raises(ConfigError, match=r"the splits each need model.seq_len \+ 2 = 66"):
         TextSource(str(p), seq_len=64, val_fraction=0.1)
