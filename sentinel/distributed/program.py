@@ -31,7 +31,7 @@ from sentinel.distributed.runtime import Runtime
 from sentinel.engine.step import StepProgram
 from sentinel.engine.workers import MeshControl, WorkerTable
 from sentinel.eventlog import EventLog
-from sentinel.model import loss_fn
+from sentinel.model import dims, loss_fn
 from sentinel.registry import DETECTORS
 from sentinel.response import Responder
 from sentinel.scenario import Scenario
@@ -78,6 +78,30 @@ class TorchCollective:
         dist.all_gather(out, packed, group=self.groups[stage_idx])
         every = torch.cat(out).to(p.device)
         return sorted(((int(row[0]), int(row[1]), row[2:]) for row in every if row[0] >= 0), key=lambda r: r[0])
+
+    def share(self, key: str, mine: dict) -> dict:
+        """Merge what every process of the tied group (the first and the last stage's ranks) contributes.
+
+        Each process's dict travels as `torch.save` bytes (read back with `weights_only=True`); a key several
+        processes give (replicas of one stage after their all-reduce) takes the first, in rank order."""
+        group = self.program.tied_group
+        buf = io.BytesIO()
+        torch.save(mine, buf)
+        data = torch.frombuffer(bytearray(buf.getvalue()), dtype=torch.uint8)
+        size = torch.tensor([data.numel()], dtype=torch.int64)
+        sizes = [torch.zeros_like(size) for _ in range(dist.get_world_size(group))]
+        dist.all_gather(sizes, size, group=group)
+        width = int(max(s.item() for s in sizes))
+        padded = torch.zeros(width, dtype=torch.uint8)
+        padded[: data.numel()] = data
+        parts = [torch.empty_like(padded) for _ in sizes]
+        dist.all_gather(parts, padded, group=group)
+        out: dict = {}
+        for part, n in zip(parts, sizes):
+            for k, v in torch.load(io.BytesIO(part[: int(n)].numpy().tobytes()), weights_only=True,
+                                   map_location=self.program.device).items():
+                out.setdefault(k, v)
+        return out
 
     def copy_replica(self, src: int, dst: int, stage_idx: int) -> dict | None:
         """The state of replica `src` for a new replica `dst` (sent when they live on different ranks)."""
@@ -173,6 +197,10 @@ class DistProgram(StepProgram):
         # every rank creates every stage group, in the same order (torch.distributed requires it)
         self.groups = [dist.new_group(ranks, timeout=rt.collective_timeout, backend=rt.dp_backend)
                        for ranks in self.rank_map.stage_ranks]
+        # the first and the last stage's ranks exchange a tied embedding's gradient (sentinel/model/tied.py)
+        tied = sorted(set(self.rank_map.stage_ranks[0] + self.rank_map.stage_ranks[-1]))
+        self.tied_group = dist.new_group(tied, timeout=rt.collective_timeout, backend="gloo") \
+            if scenario.pipeline.stages > 1 and dims(scenario).tied else None
         self.collective = TorchCollective(self, self.groups)
         step_end = StepEnd(self.comm, self.rank_map, rt.collectives)
         self.is_verifier = self.rank_map.is_verifier(rt.rank)

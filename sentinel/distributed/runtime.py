@@ -18,7 +18,6 @@ import torch.distributed as dist
 
 from sentinel.distributed.comm import Comm
 from sentinel.errors import ConfigError
-from sentinel.model import dims
 from sentinel.scenario import Scenario
 
 JOB_TIMEOUT = datetime.timedelta(hours=24)  # rank 0 may spend long between jobs (twins, plots, reports)
@@ -118,10 +117,5 @@ class Runtime:
 
 
 def check_supported(sc: Scenario) -> None:
-    """ConfigError for scenario features the distributed backend does not run, with the reason."""
-    if sc.pipeline.stages > 1 and dims(sc).tied:
-        raise ConfigError(
-            "model: a tied embedding split over stages (GPT-2) needs its two gradients summed between the first and "
-            "the last stage after DP sync (sentinel/model/tied.py), which the distributed backend does not run yet; "
-            "set model.hf.config.tie_word_embeddings: false or use --backend sim"
-        )
+    """ConfigError for scenario features the distributed backend does not run, with the reason (none today: kept
+    as the one place such a rule would go)."""

@@ -52,6 +52,10 @@ class LocalCollective:
     def gather(self, stage_idx: int, rows: list) -> list:
         return rows
 
+    def share(self, key: str, mine: dict) -> dict:
+        """What the processes of a step hook's exchange contribute, merged: here, this process's alone."""
+        return mine
+
     def copy_replica(self, src: int, dst: int, stage_idx: int) -> dict:
         rep = self.program.replicas[src]
         return {"module": copy.deepcopy(rep.module.state_dict()),

@@ -130,6 +130,8 @@ class Collective(Protocol):
 
     def copy_replica(self, src: int, dst: int, stage_idx: int) -> dict | None: ...
 
+    def share(self, key: str, mine: dict) -> dict: ...
+
 
 class StepProgram:
     """The training loop of one process: the step (see module docstring), evaluation, checkpoints."""

@@ -32,8 +32,14 @@ def test_llama_on_five_processes_matches_sim(tmp_path):
     assert dist_sum["training"] == sim_sum["training"]
 
 
-def test_tied_embeddings_over_stages_are_refused_before_any_process_starts(tmp_path, capsys):
-    path = write_scenario(tmp_path, {**hf_base("gpt2"), "name": "tied"})
-    assert main(["run", str(path), "--backend", "dist", "--out", str(tmp_path / "out")]) == 2
-    assert "model: a tied embedding split over stages (GPT-2)" in capsys.readouterr().err
-    assert not (tmp_path / "out" / "ranks").exists()
+@pytest.mark.timeout(300)
+def test_tied_embeddings_over_stages_match_sim(tmp_path):
+    """GPT-2's tied embedding over 3 stages x 2 replicas: the first and the last stage's processes sum the copies'
+    gradients as sim does."""
+    data = {**hf_base("gpt2"), "name": "tied", "seed": 3}
+    data["pipeline"] = {**data["pipeline"], "stages": 3, "replicas": 2, "routing": "random"}
+    data["training"] = {"steps": 4, "lr": 3.0e-3, "warmup_steps": 2, "eval_every": 2}
+    path = write_scenario(tmp_path, data)
+    assert main(["run", str(path), "--backend", "dist", "--out", str(tmp_path / "dist"), "--quiet"]) == 0
+    sim = sim_reference(path, [], tmp_path / "sim")
+    assert_same_log(EventLog.load(tmp_path / "dist"), sim)
