@@ -20,6 +20,7 @@ from __future__ import annotations
 
 from sentinel.engine.workers import WorkerTable
 from sentinel.errors import ConfigError
+from sentinel.model import split_layers  # the same even, contiguous split as layers over stages
 
 COORDINATOR = 0
 
@@ -53,17 +54,6 @@ def check_world(num_stages: int, num_replicas: int, world_size: int, verifiers: 
     return v
 
 
-def split(n: int, parts: int) -> list[range]:
-    """n items in `parts` contiguous groups whose sizes differ by at most one (earlier groups larger)."""
-    base, extra = divmod(n, parts)
-    out, start = [], 0
-    for i in range(parts):
-        size = base + (1 if i < extra else 0)
-        out.append(range(start, start + size))
-        start += size
-    return out
-
-
 class RankMap:
     """Roles of the ranks, boundary -> verifier rank, worker id <-> rank (also for workers added later)."""
 
@@ -71,9 +61,9 @@ class RankMap:
         self.num_verifiers = check_world(num_stages, num_replicas, world_size, verifiers)
         self.num_stages, self.world_size = num_stages, world_size
         v = self.num_verifiers
-        self.boundary_groups = split(num_stages - 1, v) if num_stages > 1 else [range(0)]
+        self.boundary_groups = split_layers(num_stages - 1, v) if num_stages > 1 else [range(0)]
         self.verifier_of = {b: rank for rank, group in enumerate(self.boundary_groups) for b in group}
-        counts = [len(r) for r in split(world_size - v, num_stages)]
+        counts = [len(r) for r in split_layers(world_size - v, num_stages)]
         self.stage_ranks: list[list[int]] = []
         first = v
         for c in counts:
