@@ -8,6 +8,8 @@
     adaptive.py       fence_evasion, slow_drift, warmup_poisoning
     gating.py         intermittent, sparse (wrap any other attack)
     collusion.py      same_direction, undo_pair
+    tokens.py         token_permute, batch_permute, sequence_swap, microbatch_exchange, few_tokens (token-level:
+                      the multiset of token vectors kept, or a few tokens changed)
     assignment.py     who is malicious (seeded); schedule.py  when an attack acts
     layer.py          AdversaryLayer: the transport Interceptor; validation.py  scenario cross-checks
     detector_view.py  the read-only DetectorView a white-box attack may use; wire.py  post-codec fields
@@ -17,7 +19,7 @@ Write your own: subclass `Attack`, give it a frozen `Config`, implement `apply`,
 `@register_attack("name")` (see attacks/README_SECTION.md).
 """
 
-from attacks import adaptive, basic, byzantine, collusion, gating, post_codec, replay, targets  # noqa: F401  (registers)
+from attacks import adaptive, basic, byzantine, collusion, gating, post_codec, replay, targets, tokens  # noqa: F401  (registers)
 from attacks.base import Attack, AttackContext
 from attacks.detector_view import DetectorView, ReferenceView
 from sentinel.registry import ATTACKS

@@ -43,11 +43,18 @@ class Verdict:
         scores: the detector's continuous statistics (larger = more anomalous); markers are not scores.
         flagged: whether the message is judged malicious.
         markers: typed facts about the verdict (`Marker`).
+        pvalue: the message's tail probability under the stream's honest traffic (all statistics combined),
+            the per-message evidence sequential tests accumulate; None where the detector gives none.
+        relation_pvalue: the part of that evidence which only the sender's own computation explains (how its
+            output relates to the input it received): unlike pooled statistics, upstream corruption does not
+            move it. None where there is none.
     """
 
     scores: Mapping[str, float]
     flagged: bool
     markers: frozenset[Marker] = frozenset()
+    pvalue: float | None = None
+    relation_pvalue: float | None = None
 
     @property
     def certain(self) -> bool:
@@ -73,6 +80,10 @@ class DetectorEnv:
         live_replicas: `live_replicas(stage_idx) -> list[str]`, the live worker ids of a stage.
         substitutes: whether the response policy may ask `substitute` for a stand-in (closed loop with
             `on_flag: substitute`); when it may not, a detector need not keep one.
+        sender_inputs: trusted hook `sender_inputs(msg) -> (x_in, grad_in) | None`: what the sender of `msg`
+            received for that microbatch, as the verifiers relayed it -- its input activation (token ids on
+            the first stage) and, for a backward message, the gradient it received (None on the last stage).
+            None (the hook, or its answer) where the backend offers none.
     """
 
     num_stages: int = 1
@@ -80,6 +91,7 @@ class DetectorEnv:
     recompute: Callable[..., torch.Tensor | None] | None = None
     live_replicas: Callable[[int], list[str]] | None = None
     substitutes: bool = True
+    sender_inputs: Callable[[Message], tuple[torch.Tensor | None, torch.Tensor | None] | None] | None = None
 
 
 class Detector:

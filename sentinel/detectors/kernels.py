@@ -24,24 +24,32 @@ F32 = np.float32
 
 
 @numba.njit(cache=True, nogil=True)
-def prepare(tokens, sq, start, stride, clip, feats, pooled, full):  # pragma: no cover - compiled
+def prepare(tokens, sq, start, stride, clip, feats, pooled, full, norms):  # pragma: no cover - compiled
     """Clip, sample and pool the tokens of one payload.
 
-    tokens (N, C) float32; sq (N,) their squared norms (`clip` > 0 only; numpy's einsum computes them);
-    rows start, start + stride, ... are the sampled tokens. Token clipping: the cap is `clip` x the upper
-    median norm of the non-zero sampled tokens; if some token is longer, every token is scaled by
-    sqrt(min(1, cap^2 / |t|^2)) (direction kept). Writes the (clipped) sampled tokens to `feats` (m, C),
-    and to `pooled` the mean over every (clipped) token, (C,), or, with `full`, the tokens themselves
-    flattened (N * C,). Returns whether any token was clipped.
+    tokens (N, C) float32; sq (N,) their squared norms (empty: no clipping and no `norms`; numpy's einsum
+    computes them); rows start, start + stride, ... are the sampled tokens. Token clipping (`clip` > 0):
+    the cap is `clip` x the upper median norm of the non-zero sampled tokens; if some token is longer,
+    every token is scaled by sqrt(min(1, cap^2 / |t|^2)) (direction kept). Writes the (clipped) sampled
+    tokens to `feats` (m, C), to `pooled` the mean over every (clipped) token, (C,), or, with `full`, the
+    tokens themselves flattened (N * C,), and to `norms` (2,) the squared upper median norm of the non-zero
+    sampled tokens and the largest squared norm of all tokens, before clipping (0, 0 without `sq`).
+    Returns whether any token was clipped.
     """
     n, C = tokens.shape
     cap2 = -1.0
-    if clip > 0:
+    norms[0] = 0.0
+    norms[1] = 0.0
+    if sq.shape[0] > 0:
         pos = np.sort(sq[start::stride])
         zeros = np.searchsorted(pos, F32(0.0), side="right")  # squares: the zeros come first, NaN last
+        top = sq.max()
+        norms[1] = top
         if zeros < pos.shape[0]:
-            c2 = clip * clip * np.float64(pos[zeros + (pos.shape[0] - zeros) // 2])
-            if sq.max() > c2:
+            med = np.float64(pos[zeros + (pos.shape[0] - zeros) // 2])
+            norms[0] = med
+            c2 = clip * clip * med
+            if clip > 0 and top > c2:
                 cap2 = c2
     clipped = cap2 >= 0
     c32 = F32(cap2)
@@ -134,3 +142,104 @@ def all_distances(sig, pooled, skew, quant, base_pooled, base_sign, base_skew, s
     den = np.sqrt(ss) * skew_norm
     out[5] = 1.0 - sb / (1e-30 if den < 1e-30 else den)
 
+
+
+@numba.njit(cache=True, nogil=True, fastmath=True)
+def relation(y, r, out):  # pragma: no cover - compiled
+    """How a stage's output tokens relate to its input tokens, token by token (see `tokens.py`).
+
+    y, r (N, C) float32: the message's tokens and the sender's input tokens, row i of both being the same
+    token (sequence position of the same sequence). Both are centred by their own per-feature mean over
+    the N tokens; for every token with non-zero centred vectors, cos_i = <y_i, r_i> / (|y_i| |r_i|).
+    Writes out[0] = 1 - mean_i cos_i and out[1] = 1 - min_i cos_i (both 1 when no token qualifies: a
+    constant message). float64 sums; `fastmath` (reassociated sums) is fine: nothing here needs to match
+    another computation bit for bit.
+    """
+    n, C = y.shape
+    my = np.zeros(C)
+    mr = np.zeros(C)
+    for i in range(n):
+        for c in range(C):
+            my[c] += y[i, c]
+            mr[c] += r[i, c]
+    for c in range(C):
+        my[c] /= n
+        mr[c] /= n
+    total = 0.0
+    low = 1.0
+    count = 0
+    for i in range(n):
+        dot = 0.0
+        ny = 0.0
+        nr = 0.0
+        for c in range(C):
+            a = y[i, c] - my[c]
+            b = r[i, c] - mr[c]
+            dot += a * b
+            ny += a * a
+            nr += b * b
+        if ny > 0.0 and nr > 0.0:
+            cs = dot / np.sqrt(ny * nr)
+            total += cs
+            count += 1
+            if cs < low:
+                low = cs
+    if count == 0:
+        out[0] = 1.0
+        out[1] = 1.0
+    else:
+        out[0] = 1.0 - total / count
+        out[1] = 1.0 - low
+
+
+@numba.njit(cache=True, nogil=True)
+def window_insert(rows, count, old, new, full):  # pragma: no cover - compiled
+    """Sliding windows kept sorted: in each row of `rows` (D, W), whose first `count` entries are sorted,
+    remove `old[i]` (when `full`) and insert `new[i]` in order. Values are finite."""
+    D = rows.shape[0]
+    for i in range(D):
+        n = count
+        if full:
+            j = np.searchsorted(rows[i, :n], old[i])
+            while j < n - 1 and rows[i, j] != old[i]:  # equal floats: the very value that was inserted
+                j += 1
+            for k in range(j, n - 1):
+                rows[i, k] = rows[i, k + 1]
+            n -= 1
+        j = np.searchsorted(rows[i, :n], new[i])
+        for k in range(n, j, -1):
+            rows[i, k] = rows[i, k - 1]
+        rows[i, j] = new[i]
+
+
+@numba.njit(cache=True, nogil=True)
+def tail_pvalues(rows, count, q0, floor, t, out):  # pragma: no cover - compiled
+    """Upper-tail p-values of t (D,) against sorted windows `rows` (D, >= count) (see `calibration.py`): an
+    exponential tail above each window's q0 quantile u (numpy's linear quantile), scale = the mean excess
+    above u floored at `floor[i]`; the empirical rank (1 + #{w >= t}) / (n + 1) at or below u. NaN -> NaN."""
+    n = count
+    pos = q0 * (n - 1)
+    lo = int(pos)
+    hi = min(lo + 1, n - 1)
+    frac = pos - lo
+    for i in range(rows.shape[0]):
+        x = t[i]
+        if np.isnan(x):
+            out[i] = np.nan
+            continue
+        u = rows[i, lo] + frac * (rows[i, hi] - rows[i, lo])
+        if x > u:
+            total = 0.0
+            k = 0
+            j = n - 1
+            while j >= 0 and rows[i, j] > u:
+                total += rows[i, j] - u
+                k += 1
+                j -= 1
+            beta = total / k if k > 0 else 0.0
+            if beta < floor[i]:
+                beta = floor[i]
+            out[i] = (1.0 - q0) * np.exp(-(x - u) / beta)
+        else:
+            below = np.searchsorted(rows[i, :n], x)  # values < x
+            out[i] = (1.0 + n - below) / (n + 1.0)

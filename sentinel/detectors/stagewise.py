@@ -53,6 +53,7 @@ import torch
 from sentinel.config import spec
 from sentinel.detectors.base import Detector, Marker, Verdict
 from sentinel.detectors.baseline import Baseline, Fences, SenderMedianBaseline
+from sentinel.detectors.calibration import TailCalibrator, combine
 from sentinel.detectors.distances import (
     DISTANCES,
     MAGNITUDES,
@@ -63,22 +64,37 @@ from sentinel.detectors.distances import (
     signature,
 )
 from sentinel.detectors.replay import ReplayMemory
+from sentinel.detectors.tokens import RELATION_STATS, TOKEN_STATS, reference_of, relation, token_norm
 from sentinel.errors import ConfigError
 from sentinel.registry import DETECTORS
 from sentinel.transport.message import Message, Role
 
-DistanceName = Literal["l1", "l2_normalized", "sign_flip_ratio", "sliced_wasserstein", "z_mean", "skewness"]
+DistanceName = Literal["l1", "l2_normalized", "sign_flip_ratio", "sliced_wasserstein", "z_mean", "skewness",
+                       "token_norm", "align", "align_tail"]
+STATISTICS = DISTANCES + TOKEN_STATS  # the default: every pooled distance and every token-level statistic
+_MASK = (1 << 64) - 1
 
 
-def fence_logs(cfg) -> tuple[bool, ...]:
-    """Per distance: fenced on a log scale? (`fence_scale`: linear, log, or auto = log for the magnitudes)."""
+def fence_logs(cfg, names: tuple[str, ...] | None = None) -> tuple[bool, ...]:
+    """Per statistic: fenced on a log scale? (`fence_scale`: linear, log, or auto = log for the magnitudes)."""
+    names = tuple(cfg.distances) if names is None else names
     if cfg.fence_scale == "auto":
-        return tuple(name in MAGNITUDES for name in cfg.distances)
-    return (cfg.fence_scale == "log",) * len(cfg.distances)
+        return tuple(name in MAGNITUDES for name in names)
+    return (cfg.fence_scale == "log",) * len(names)
+
+
+def mix(*keys: int) -> int:
+    """A 62-bit hash of non-negative integers (splitmix64 steps): the same in every process and run."""
+    h = 0x9E3779B97F4A7C15
+    for k in keys:
+        h = (h ^ (int(k) & _MASK)) * 0xBF58476D1CE4E5B9 & _MASK
+        h = (h ^ (h >> 31)) * 0x94D049BB133111EB & _MASK
+        h ^= h >> 29
+    return h >> 2
 
 
 class _Stream:
-    """State of one (boundary, role) stream."""
+    """State of one (boundary, role) stream: nothing in it is shared with another stream."""
 
     def __init__(self, cfg, beta: float, keep_full: bool):
         beta_var = 1.0 - 1.0 / cfg.window
@@ -86,9 +102,21 @@ class _Stream:
             self.baseline = SenderMedianBaseline(beta, beta_var, keep_full=keep_full)
         else:
             self.baseline = Baseline(beta, beta_var, keep_full=keep_full)
-        self.fences = Fences(tuple(cfg.distances), cfg.window, cfg.k, log=fence_logs(cfg))
+        self.names: tuple[str, ...] = ()  # the statistics this stream computes (set by its first message)
+        self.fences: Fences | None = None
+        self.replays = ReplayMemory(cfg.replay_memory) if cfg.replay_memory else None
         self.flags = 0
         self.recent: dict[str, tuple[int, float]] = {}  # sender -> (step, statistic) of its latest message
+
+    def setup(self, cfg, names: tuple[str, ...]) -> None:
+        """Fix the stream's statistics: those of `cfg.distances` it can compute (`names`)."""
+        self.names = names
+        self.pooled = tuple(n for n in names if n in DISTANCES)
+        self.relation = np.array([n in RELATION_STATS for n in names])
+        if cfg.combine == "calibrated":
+            self.fences = TailCalibrator(names, cfg.window, fence_logs(cfg, names))
+        else:
+            self.fences = Fences(names, cfg.window, cfg.k, log=fence_logs(cfg, names))
 
 
 @DETECTORS.register("sentinel")
@@ -112,7 +140,9 @@ class Sentinel(Detector):
             "coordinate-wise median (robust to a malicious minority, but laggier: measured worse, see the note)")
         pooling: Literal["token_mean", "full"] = spec(
             "token_mean", help="pooled vector: per-feature mean over tokens, or the whole tensor")
-        distances: tuple[DistanceName, ...] = spec(DISTANCES, help="distances compared with their fences")
+        distances: tuple[DistanceName, ...] = spec(
+            STATISTICS, help="statistics judged: the pooled distances to the baseline and the token-level ones "
+            "(tokens.py; align and align_tail only where the sender's input is known)")
         num_projections: int = spec(32, ge=1, le=1024, help="sliced Wasserstein: random directions")
         num_quantiles: int = spec(32, ge=2, le=1024, help="sliced Wasserstein: quantile levels per direction")
         max_tokens: int | None = spec(128, ge=8, help="tokens the higher moments and slices use (every s-th from a "
@@ -123,7 +153,13 @@ class Sentinel(Detector):
                               "baseline (between the fences: accepted, not learned)")
         warmup_steps: int = spec(10, ge=0, help="steps during which the detector only learns")
         min_history: int = spec(16, ge=4, help="accepted messages a stream needs before it flags")
-        combine: Literal["any", "vote", "weighted"] = spec("any", help="how per-distance fence tests combine")
+        combine: Literal["calibrated", "any", "vote", "weighted"] = spec(
+            "calibrated", help="calibrated: per-statistic tail probabilities (calibration.py) combined by Bonferroni, "
+            "flag when -log10 p > level; any / vote / weighted: Tukey fences at k (the paper's rule and variants)")
+        level: float = spec(3.0, gt=0, help="calibrated: flag a message whose combined tail probability is below "
+                            "10^-level (the per-message false-alarm probability the rule aims at: 1e-3)")
+        learn_level: float = spec(2.0, ge=0, help="calibrated: only messages with -log10 p <= learn_level teach the "
+                                  "baseline and the windows (between the levels: accepted, not learned)")
         vote_m: int = spec(2, ge=1, help="combine=vote: distances that must exceed their fence")
         weights: tuple[float, ...] = spec((), help="combine=weighted: one weight per distance (default: equal)")
         fence_scale: Literal["linear", "log", "auto"] = spec(
@@ -153,6 +189,9 @@ class Sentinel(Detector):
             out.append(("vote_m", f"{cfg.vote_m} votes needed but only {len(cfg.distances)} distances"))
         if cfg.k_learn > cfg.k:
             out.append(("k_learn", f"the inner fence ({cfg.k_learn}) must not exceed the outer one (k = {cfg.k})"))
+        if cfg.learn_level > cfg.level:
+            out.append(("learn_level", f"the learning level ({cfg.learn_level}) must not exceed the flag level "
+                        f"(level = {cfg.level})"))
         return out
 
     def __init__(self, config: Config | None = None, *, seed: int = 0, env=None):
@@ -163,12 +202,12 @@ class Sentinel(Detector):
         if problems:  # scenario validation reports these with their path; this guards direct construction
             raise ConfigError([f"detector.{k}: {m}" for k, m in problems])
         w = np.asarray(cfg.weights if cfg.weights else [1.0] * len(self.names), dtype=float)
-        self._weights = w / w.sum() * len(self.names) if cfg.weights else w
+        self._weights = dict(zip(self.names, w / w.sum() * len(self.names) if cfg.weights else w))
         self._streams: dict[tuple[int, int], _Stream] = {}
         self._proj: dict[int, Projections] = {}
-        self._rows = np.random.default_rng([seed, 0x70C])  # private: never in the public view
-        self._offsets: list[int] = []  # drawn from `_rows` in blocks (see `_offset`)
-        self._replays = ReplayMemory(cfg.replay_memory) if cfg.replay_memory else None
+        self._key = mix(seed, 0x70C)  # private: never in the public view (a real verifier's secret)
+        self._norms = np.empty(2)  # scratch: the (median^2, max^2) token norms of the message being judged
+        self._rel = np.empty(2)  # scratch: (align, align_tail)
 
     # -- state ------------------------------------------------------------------------------------
     def _projections(self, dim: int) -> Projections:
@@ -184,20 +223,15 @@ class Sentinel(Detector):
             self._streams[key] = _Stream(self.config, beta, keep_full=keep_full)
         return self._streams[key]
 
-    def _offset(self) -> int:
-        """Which tokens the moments of the next message look at: unpredictable to a sender.
+    def _offset(self, msg: Message) -> int:
+        """Which tokens the moments of `msg` look at: a keyed hash of the message identity, unpredictable to a
+        sender and independent of every other stream (verifiers per boundary need no shared generator)."""
+        return mix(self._key, msg.step, msg.mb_idx + 1, msg.boundary, int(msg.role)) >> 32
 
-        Drawn 256 at a time: the same sequence as one `integers(1 << 30)` call per message (numpy draws an
-        array element by element from the same stream), at a fraction of the per-call cost."""
-        if not self._offsets:
-            self._offsets = self._rows.integers(1 << 30, size=256).tolist()[::-1]
-        return self._offsets.pop()
-
-    def _signature(self, payload: torch.Tensor, offset: int | None = None):
+    def _signature(self, payload: torch.Tensor, offset: int):
         proj = self._projections(payload.shape[-1])
-        if offset is None:
-            offset = self._offset()
-        sig = signature(payload, proj, self.config.pooling, self.config.max_tokens, offset, self.config.token_clip)
+        sig = signature(payload, proj, self.config.pooling, self.config.max_tokens, offset, self.config.token_clip,
+                        self._norms)
         return sig, layout(tuple(payload.shape), proj, self.config.pooling)
 
     @staticmethod
@@ -210,21 +244,62 @@ class Sentinel(Detector):
     def _comparable(self, st: _Stream, sig: np.ndarray) -> bool:
         return st.baseline.comparable(sig)
 
+    def _values(self, st: _Stream, sig: np.ndarray, payload: torch.Tensor, reference) -> np.ndarray:
+        """The stream's statistics of one message, in `st.names` order (NaN: a relation with no reference)."""
+        got = dict(zip(st.pooled, distances(sig, st.baseline.view(), st.pooled).tolist()))
+        got["token_norm"] = token_norm(self._norms)
+        if "align" in st.names or "align_tail" in st.names:
+            ok = relation(payload, reference, self._rel)
+            got["align"], got["align_tail"] = (float(v) for v in self._rel) if ok else (np.nan, np.nan)
+        return np.array([got[n] for n in st.names])
+
+    def _first(self, st: _Stream, sig: np.ndarray, lay, msg: Message) -> Verdict:
+        """The stream's first message: fix which statistics it can compute, and learn."""
+        has_ref = relation(msg.payload, reference_of(self.env, msg), self._rel)
+        st.setup(self.config, tuple(n for n in self.names if has_ref or n not in RELATION_STATS))
+        st.fences.set_resolution(resolutions(st.names, lay))
+        self._learn(st, sig, lay, msg)
+        return Verdict({}, False)
+
     @classmethod
     def threshold_rule(cls, config) -> dict:
-        """Flag <=> exceedance > k; only messages below the inner fence k_learn teach the detector, so its
-        state, and an open-loop run's verdict for any k >= k_learn, do not depend on k."""
-        return {"key": "k", "statistic": "exceedance", "value": config.k, "warmup_steps": config.warmup_steps,
-                "exact_from": config.k_learn}
+        """Flag <=> evidence > level (calibrated; exceedance > k for the fence rules); only messages at or below
+        the learning level teach the detector, so its state, and an open-loop run's verdict for any threshold
+        at or above it, do not depend on the threshold."""
+        key, statistic, value, learn = cls._rule(config)
+        return {"key": key, "statistic": statistic, "value": value, "warmup_steps": config.warmup_steps,
+                "exact_from": learn}
 
-    def statistic(self, exceed: np.ndarray) -> float:
-        """The combined statistic: flagged <=> statistic > k (see module docstring)."""
+    @staticmethod
+    def _rule(config) -> tuple[str, str, float, float]:
+        """(config key, logged statistic, flag threshold, learning threshold) of the combine rule."""
+        if config.combine == "calibrated":
+            return "level", "evidence", config.level, config.learn_level
+        return "k", "exceedance", config.k, config.k_learn
+
+    def _judge(self, st: _Stream, values: np.ndarray, t: np.ndarray) -> tuple[float, float | None, float | None]:
+        """(statistic, p-value, relation p-value) of one message: for `calibrated` the evidence -log10 p of the
+        Bonferroni-combined tail probabilities (and of the relation statistics alone); else the fence rule's
+        exceedance statistic (no p-values)."""
+        if self.config.combine != "calibrated":
+            return self.statistic(st.fences.exceedance(values, t), st.names), None, None
+        p_each = st.fences.pvalues(t)
+        p = combine(p_each)
+        rel = p_each[st.relation]
+        p_rel = combine(rel) if len(rel) and not np.isnan(rel).all() else None
+        return -np.log10(max(p, 1e-300)), p, p_rel
+
+    def statistic(self, exceed: np.ndarray, names: tuple[str, ...] | None = None) -> float:
+        """The combined statistic: flagged <=> statistic > k (see module docstring). A statistic without a
+        value (a relation whose reference is missing) takes no part."""
+        exceed = np.where(np.isnan(exceed) & np.isin(names or self.names, list(RELATION_STATS)), -np.inf, exceed)
         if self.config.combine == "any":
             return float(exceed.max())
         if self.config.combine == "vote":
             m = min(self.config.vote_m, len(exceed))
             return float(np.sort(exceed)[-m])
-        return float((self._weights * np.maximum(exceed, 0.0)).sum())
+        w = np.array([self._weights[n] for n in (names or self.names)])
+        return float((w * np.maximum(exceed, 0.0)).sum())
 
     def _stage_shift(self, st: _Stream, step: int, e: float, level: float, stage: int) -> bool:
         """Honest-majority consensus: is this above-fence message part of a stage-wide shift?
@@ -252,74 +327,79 @@ class Sentinel(Detector):
 
     # -- the detector -----------------------------------------------------------------------------
     def scores(self, boundary: int, role, payload: torch.Tensor) -> dict[str, float]:
-        """Pure: no state moves, not even the token-sampling generator (it uses a fixed token subset, so on
-        payloads of more than `max_tokens` tokens it estimates what `observe` would compute)."""
+        """Pure: no state moves. It uses a fixed token subset (so on payloads of more than `max_tokens` tokens
+        it estimates what `observe` would compute) and no sender input (the relation statistics are left out)."""
         st = self._streams.get((int(boundary), int(role)))
-        if st is None:
+        if st is None or st.fences is None:
             return {}
-        sig, _ = self._signature(payload, offset=0)
+        sig, _ = self._signature(payload, 0)
         if not self._comparable(st, sig):
             return {}
-        values = distances(sig, st.baseline.view(), self.names)
-        d = dict(zip(self.names, values.tolist()))
+        values = self._values(st, sig, payload, None)
+        d = {n: v for n, v in zip(st.names, values.tolist()) if not np.isnan(v)}
         if st.fences.count:
-            d["exceedance"] = self.statistic(st.fences.exceedance(values))
+            d[self._rule(self.config)[1]] = self._judge(st, values, st.fences.transform(values))[0]
         return d
 
     def observe(self, msg: Message) -> Verdict:
         st = self._stream(msg.boundary, msg.role)
-        sig, lay = self._signature(msg.payload)
+        sig, lay = self._signature(msg.payload, self._offset(msg))
         # NaN / Inf somewhere in the payload: never reaches any state. The float64 sum of a signature is finite
         # exactly when every entry is (entries are float32 values or a float64 square norm: no overflow)
         if not np.isfinite(np.add.reduce(sig)):
             return Verdict({}, True, frozenset({Marker.INTEGRITY}))
-        if self._replays is not None and self._replays.seen_before((tuple(msg.payload.shape), sig[:64].tobytes()),
-                                                                   msg.step):
+        if st.replays is not None and st.replays.seen_before((tuple(msg.payload.shape), sig[:64].tobytes()), msg.step):
             return Verdict({}, True, frozenset({Marker.REPLAY}))  # the pooled mean uses every token: equal only for a replay
-        if not self._comparable(st, sig):  # first message of the stream (the Verifier rejects odd shapes)
-            st.fences.set_resolution(resolutions(self.names, lay))
-            self._learn(st, sig, lay, msg)
-            return Verdict({}, False)
-        values = distances(sig, st.baseline.view(), self.names)
-        d = dict(zip(self.names, values.tolist()))
+        if not self._comparable(st, sig) or st.fences is None:  # first message (the Verifier rejects odd shapes)
+            return self._first(st, sig, lay, msg)
+        values = self._values(st, sig, msg.payload, reference_of(self.env, msg))
+        d = {n: v for n, v in zip(st.names, values.tolist()) if not np.isnan(v)}
         t = st.fences.transform(values)  # on the fences' scale, once for the test and the window
-        learn = True
-        if st.fences.count >= self.config.min_history:
-            e = d["exceedance"] = self.statistic(st.fences.exceedance(values, t))
-            if msg.step < self.config.warmup_steps:  # honest warm-up: learn everything, flag nothing (the
-                return self._accept(st, sig, lay, msg, values, d, t)  # statistic is still logged: peer tests use it)
-            stage = msg.boundary if msg.role == Role.ACTIVATION else msg.boundary + 1  # the sender's stage
-            st.recent[msg.sender] = (msg.step, e if np.isfinite(e) else np.inf)
-            shift = e > self.config.k_learn and self._stage_shift(st, msg.step, e, self.config.k_learn, stage)
-            if not e <= self.config.k and not shift:  # NaN counts as above the fence
-                st.flags += 1
-                return Verdict(d, True)
-            learn = e <= self.config.k_learn or shift
-            if shift:
-                marks = frozenset({Marker.SHIFT})
-            elif not learn:  # between the fences: accepted, not learned (soft evidence for the responder)
-                marks = frozenset({Marker.OUTLIER})
-            else:
-                marks = frozenset()
-            if learn:
-                return self._accept(st, sig, lay, msg, values, d, t, marks)
-            return Verdict(d, False, marks)
-        return self._accept(st, sig, lay, msg, values, d, t)
+        if st.fences.count < self.config.min_history:
+            return self._accept(st, sig, lay, msg, values, d, t)
+        _, name, k, k_learn = self._rule(self.config)
+        e, p, p_rel = self._judge(st, values, t)
+        d[name] = e
+        if msg.step < self.config.warmup_steps:  # honest warm-up: learn everything, flag nothing (the
+            return self._accept(st, sig, lay, msg, values, d, t, p=p, p_rel=p_rel)  # statistic is still logged)
+        stage = msg.boundary if msg.role == Role.ACTIVATION else msg.boundary + 1  # the sender's stage
+        st.recent[msg.sender] = (msg.step, e if np.isfinite(e) else np.inf)
+        shift = e > k_learn and self._stage_shift(st, msg.step, e, k_learn, stage)
+        if not e <= k and not shift:  # NaN counts as above the fence
+            st.flags += 1
+            return Verdict(d, True, pvalue=p, relation_pvalue=p_rel)
+        learn = e <= k_learn or shift
+        if shift:
+            marks = frozenset({Marker.SHIFT})
+        elif not learn:  # between the fences: accepted, not learned (soft evidence for the responder)
+            marks = frozenset({Marker.OUTLIER})
+        else:
+            marks = frozenset()
+        if learn:
+            return self._accept(st, sig, lay, msg, values, d, t, marks, p, p_rel)
+        return Verdict(d, False, marks, pvalue=p, relation_pvalue=p_rel)
 
     def _accept(self, st: _Stream, sig: np.ndarray, lay, msg: Message, values: np.ndarray, d: dict,
-                t: np.ndarray, marks: frozenset = frozenset()) -> Verdict:
+                t: np.ndarray, marks: frozenset = frozenset(), p: float | None = None,
+                p_rel: float | None = None) -> Verdict:
         """Accept and learn: the baseline and the fences take the message in (`t`: the values on the fences'
-        scale)."""
+        scale; a message missing a statistic teaches the baseline but not the fences)."""
         if np.isfinite(values).all():
             self._learn(st, sig, lay, msg)
             st.fences.push(values, t)
-        return Verdict(d, False, marks)
+        elif not np.isinf(values).any():  # only a relation is missing (NaN): the pooled baseline still learns
+            self._learn(st, sig, lay, msg)
+        return Verdict(d, False, marks, pvalue=p, relation_pvalue=p_rel)
 
     def thresholds(self, boundary: int, role) -> dict[str, float]:
         """Current fences of a stream (empty while it is still learning) and the combined rule's k."""
         st = self._streams.get((int(boundary), int(role)))
-        if st is None or st.fences.count < self.config.min_history:
+        if st is None or st.fences is None or st.fences.count < self.config.min_history:
             return {}
+        if self.config.combine == "calibrated":  # each statistic's value at the Bonferroni share of the level
+            out = dict(zip(st.names, st.fences.level(10 ** -self.config.level / len(st.names)).tolist()))
+            out["evidence"] = self.config.level
+            return out
         out = st.fences.thresholds() if self.config.combine == "any" else {}
         out["exceedance"] = self.config.k
         return out
@@ -336,8 +416,10 @@ class Sentinel(Detector):
         """Config, and per stream its fence thresholds and a baseline summary (never a verdict)."""
         streams = {}
         for (b, r), st in sorted(self._streams.items()):
+            if st.fences is None:
+                continue
             streams[f"{Role(r).label}/{b}"] = {
-                "thresholds": st.fences.thresholds(), "window_fill": st.fences.count,
+                "thresholds": self.thresholds(b, r), "window_fill": st.fences.count,
                 "baseline": st.baseline.summary(), "flags": st.flags,
             }
         return {"config": dataclasses.asdict(self.config), "streams": streams}

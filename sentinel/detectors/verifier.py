@@ -161,12 +161,32 @@ def payload_shape(scenario) -> tuple[int, int, int]:
     return (scenario.data.batch_size, scenario.model.seq_len, scenario.model.dim)
 
 
+class SenderInputs:
+    """`DetectorEnv.sender_inputs` from a backend's trusted recomputation hook (sim: `TrustedRecompute`).
+
+    The hook holds the provenance of the message in flight (`current`: the input the sender received and,
+    backward, the gradient it received); this answers for that message only, None for any other.
+    """
+
+    def __init__(self, recompute):
+        self._recompute = recompute
+
+    def __call__(self, msg: Message) -> tuple[torch.Tensor | None, torch.Tensor | None] | None:
+        prov = getattr(self._recompute, "current", None)
+        if prov is None or (prov.msg.step, prov.msg.mb_idx, prov.msg.boundary, prov.msg.role) != (
+                msg.step, msg.mb_idx, msg.boundary, msg.role):
+            return None
+        return prov.x, prov.grad_in
+
+
 def make_env(scenario, mesh: MeshControl | None = None, recompute=None) -> DetectorEnv:
-    """The detector's view: public facts of the scenario, who is live (from `mesh`), the trusted recomputation."""
+    """The detector's view: public facts of the scenario, who is live (from `mesh`), the trusted recomputation
+    and what each sender received (`sender_inputs`, from the recomputation hook's provenance)."""
     substitutes = scenario.detector.mode == "closed_loop" and scenario.response.on_flag == "substitute"
+    inputs = SenderInputs(recompute) if hasattr(recompute, "current") else None
     return DetectorEnv(num_stages=scenario.pipeline.stages, payload_shape=payload_shape(scenario),
                        recompute=recompute, live_replicas=mesh.live_in_stage if mesh is not None else None,
-                       substitutes=substitutes)
+                       substitutes=substitutes, sender_inputs=inputs)
 
 
 def build(scenario, mesh: MeshControl, recompute=None) -> tuple[Verifier, Responder]:

@@ -268,5 +268,5 @@ def test_sentinel_sets_the_sign_flip_resolution_from_the_payload(proj):
     x = _payload(0)
     det.observe(Message(step=0, mb_idx=0, boundary=1, role=Role.ACTIVATION, sender="s1r0", receiver="s2r0", payload=x))
     st = det._streams[(1, int(Role.ACTIVATION))]
-    i = det.names.index("sign_flip_ratio")
-    assert st.fences.resolution[i] == pytest.approx(1 / 16) and st.fences.resolution[det.names.index("l1")] == 0
+    i = st.names.index("sign_flip_ratio")
+    assert st.fences.resolution[i] == pytest.approx(1 / 16) and st.fences.resolution[st.names.index("l1")] == 0

@@ -80,10 +80,10 @@ def test_flagged_messages_never_update_state():
     det = small()
     feed(det, 20)
     st = det._streams[(0, 1)]
-    before = (st.baseline.n, st.baseline._m.copy(), st.fences.count, st.fences._buf.copy())
+    before = (st.baseline.n, st.baseline._m.copy(), st.fences.count, st.fences._sorted.copy())
     assert det.observe(msg(20, 0, honest(20, 0) * 50)).flagged
     assert st.baseline.n == before[0] and np.array_equal(st.baseline._m, before[1])
-    assert st.fences.count == before[2] and np.array_equal(st.fences._buf, before[3])
+    assert st.fences.count == before[2] and np.array_equal(st.fences._sorted, before[3])
 
 
 def test_scores_are_pure_and_match_observe():
@@ -104,7 +104,12 @@ def test_public_state_and_thresholds():
     state = det.public_state()
     assert set(state["streams"]) == {"gradient/0"}
     thr = det.thresholds(0, Role.GRADIENT)
-    assert set(thr) == set(det.names) | {"exceedance"} and thr["exceedance"] == det.config.k
+    st = det._streams[(0, int(Role.GRADIENT))]
+    assert set(thr) == set(st.names) | {"evidence"} and thr["evidence"] == det.config.level
+    legacy = small(combine="any")
+    feed(legacy, 20)
+    thr = legacy.thresholds(0, Role.GRADIENT)
+    assert set(thr) == set(legacy._streams[(0, 1)].names) | {"exceedance"} and thr["exceedance"] == legacy.config.k
     assert det.thresholds(3, Role.ACTIVATION) == {}
 
 
@@ -134,7 +139,9 @@ def test_single_outlier_sender_is_still_flagged_during_consensus():
 
 @pytest.mark.parametrize("combine", ["any", "vote", "weighted"])
 def test_combine_rules_read_statistic_against_k(combine):
-    det = small(combine=combine)
+    from sentinel.detectors.distances import DISTANCES
+
+    det = small(combine=combine, distances=DISTANCES)
     e = np.array([5.0, -1.0, 0.5, 2.0, -0.2, 0.0])
     stat = det.statistic(e)
     assert stat == {"any": 5.0, "vote": 2.0, "weighted": 7.5}[combine]
@@ -161,10 +168,16 @@ def test_scores_do_not_move_the_token_sampler():
             assert a.observe(msg(s, m, x)) == b.observe(msg(s, m, x))
 
 
-def test_token_offsets_drawn_in_blocks_are_the_per_message_draws():
-    det = small()
-    ref = np.random.default_rng([0, 0x70C])  # the detector's private sampler (seed 0)
-    assert [det._offset() for _ in range(600)] == [int(ref.integers(1 << 30)) for _ in range(600)]
+def test_token_offsets_depend_on_the_message_identity_only():
+    """Per-boundary verifiers share no generator: the sampled tokens of a message are a keyed hash of its
+    identity (seed, step, microbatch, boundary, role), whatever else the detector saw before."""
+    a, b, other = small(), small(), Sentinel(Sentinel.Config(), seed=1)
+    feed(a, 7)  # `a` has judged other messages, `b` none
+    m = msg(9, 2, honest(9, 2), boundary=1)
+    assert a._offset(m) == b._offset(m) != other._offset(m)
+    offsets = {b._offset(msg(s, mb, honest(0, 0), role=role, boundary=bd)) for s in range(4) for mb in range(4)
+               for bd in range(3) for role in Role if role != Role.DP_GRADIENT}
+    assert len(offsets) == 4 * 4 * 3 * 2  # distinct per message
 
 
 @pytest.mark.parametrize("substitutes", [True, False])
