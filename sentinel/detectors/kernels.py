@@ -213,10 +213,12 @@ def window_insert(rows, count, old, new, full):  # pragma: no cover - compiled
 
 
 @numba.njit(cache=True, nogil=True)
-def tail_pvalues(rows, count, q0, floor, t, out):  # pragma: no cover - compiled
-    """Upper-tail p-values of t (D,) against sorted windows `rows` (D, >= count) (see `calibration.py`): an
-    exponential tail above each window's q0 quantile u (numpy's linear quantile), scale = the mean excess
-    above u floored at `floor[i]`; the empirical rank (1 + #{w >= t}) / (n + 1) at or below u. NaN -> NaN."""
+def tail_pvalues(rows, count, q0, floor, max_shape, t, out):  # pragma: no cover - compiled
+    """Upper-tail p-values of t (D,) against sorted windows `rows` (D, >= count) (see `calibration.py`): above
+    each window's q0 quantile u (numpy's linear quantile) a generalised Pareto tail whose shape xi and scale
+    beta are the method-of-moments fit to the window's excesses over u (xi = (1 - mean^2 / var) / 2 clipped to
+    [0, max_shape], beta = mean (1 - xi) floored at `floor[i]`); at or below u the empirical rank
+    (1 + #{w >= t}) / (n + 1). NaN -> NaN."""
     n = count
     pos = q0 * (n - 1)
     lo = int(pos)
@@ -230,16 +232,30 @@ def tail_pvalues(rows, count, q0, floor, t, out):  # pragma: no cover - compiled
         u = rows[i, lo] + frac * (rows[i, hi] - rows[i, lo])
         if x > u:
             total = 0.0
+            total2 = 0.0
             k = 0
             j = n - 1
             while j >= 0 and rows[i, j] > u:
-                total += rows[i, j] - u
+                e = rows[i, j] - u
+                total += e
+                total2 += e * e
                 k += 1
                 j -= 1
-            beta = total / k if k > 0 else 0.0
+            mean = total / k if k > 0 else 0.0
+            xi = 0.0
+            if k > 2:
+                var = (total2 - k * mean * mean) / (k - 1)
+                if var > 0.0:
+                    xi = 0.5 * (1.0 - mean * mean / var)
+                    xi = min(max(xi, 0.0), max_shape)
+            beta = mean * (1.0 - xi)
             if beta < floor[i]:
                 beta = floor[i]
-            out[i] = (1.0 - q0) * np.exp(-(x - u) / beta)
+            z = (x - u) / beta
+            if xi < 1e-6:
+                out[i] = (1.0 - q0) * np.exp(-z)
+            else:
+                out[i] = (1.0 - q0) * np.exp(-np.log1p(xi * z) / xi)
         else:
             below = np.searchsorted(rows[i, :n], x)  # values < x
             out[i] = (1.0 + n - below) / (n + 1.0)
