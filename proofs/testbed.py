@@ -40,6 +40,7 @@ def sentinel(seed: int = 0, **config) -> Sentinel:
     default calibrated rule (tail probabilities) has no fence Q3 + k IQR for these statements to bound."""
     cls = DETECTORS.get("sentinel")
     config.setdefault("combine", "any")
+    config.setdefault("window", 100)  # the fence window the statements were checked with
     return cls(cls.Config(**config), seed=seed)
 
 

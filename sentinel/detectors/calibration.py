@@ -97,6 +97,16 @@ class TailCalibrator:
         kernels.tail_pvalues(self._sorted, self.count, Q0, self.floor, MAX_SHAPE, np.asarray(t, dtype=float), out)
         return out
 
+    def push_capped(self, t: np.ndarray) -> None:
+        """Learn a flagged message's values winsorised at the window's largest: the window learns that a value at
+        least that far out occurred, never how far (an attacker's flagged messages cannot stretch the tail;
+        honest outliers, heavy-tailed or a drift the window has not absorbed yet, thicken it step by step
+        until they are no longer flagged). Values below the window's largest are learned as they are."""
+        top = self._sorted[:, self.count - 1]
+        t = np.where(np.isnan(t), t, np.minimum(t, top))
+        if np.isfinite(t).all():
+            self.push(t, t)
+
     def level(self, p: float) -> np.ndarray:
         """Per statistic, the value (on the statistic's own scale) whose tail probability is p."""
         n = self.count

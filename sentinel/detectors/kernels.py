@@ -145,30 +145,32 @@ def all_distances(sig, pooled, skew, quant, base_pooled, base_sign, base_skew, s
 
 
 @numba.njit(cache=True, nogil=True, fastmath=True)
-def relation(y, r, out):  # pragma: no cover - compiled
+def relation(y, r, start, stride, out):  # pragma: no cover - compiled
     """How a stage's output tokens relate to its input tokens, token by token (see `tokens.py`).
 
     y, r (N, C) float32: the message's tokens and the sender's input tokens, row i of both being the same
-    token (sequence position of the same sequence). Both are centred by their own per-feature mean over
-    the N tokens; for every token with non-zero centred vectors, cos_i = <y_i, r_i> / (|y_i| |r_i|).
-    Writes out[0] = 1 - mean_i cos_i and out[1] = 1 - min_i cos_i (both 1 when no token qualifies: a
-    constant message). float64 sums; `fastmath` (reassociated sums) is fine: nothing here needs to match
-    another computation bit for bit.
+    token (sequence position of the same sequence); rows start, start + stride, ... are used (the tokens the
+    signature's moments sample). Both are centred by their own per-feature mean over those rows; for every
+    such token with non-zero centred vectors, cos_i = <y_i, r_i> / (|y_i| |r_i|). Writes out[0] = 1 - mean_i
+    cos_i and out[1] = 1 - min_i cos_i (both 1 when no token qualifies: a constant message). float64 sums;
+    `fastmath` (reassociated sums) is fine: nothing here needs to match another computation bit for bit.
     """
     n, C = y.shape
     my = np.zeros(C)
     mr = np.zeros(C)
-    for i in range(n):
+    m = 0
+    for i in range(start, n, stride):
+        m += 1
         for c in range(C):
             my[c] += y[i, c]
             mr[c] += r[i, c]
     for c in range(C):
-        my[c] /= n
-        mr[c] /= n
+        my[c] /= m
+        mr[c] /= m
     total = 0.0
     low = 1.0
     count = 0
-    for i in range(n):
+    for i in range(start, n, stride):
         dot = 0.0
         ny = 0.0
         nr = 0.0
@@ -259,3 +261,87 @@ def tail_pvalues(rows, count, q0, floor, max_shape, t, out):  # pragma: no cover
         else:
             below = np.searchsorted(rows[i, :n], x)  # values < x
             out[i] = (1.0 + n - below) / (n + 1.0)
+
+
+@numba.njit(cache=True, nogil=True)
+def bonferroni(p, subset):  # pragma: no cover - compiled
+    """(min(1, D min_i p_i) over the non-NaN p, the same over those where `subset` is true): Bonferroni's combined
+    p-values of all statistics and of a subset; NaN for a subset without any value (1 when `p` has none)."""
+    lo, n, lo_s, n_s = 1.0, 0, 1.0, 0
+    for i in range(p.shape[0]):
+        v = p[i]
+        if v == v:
+            n += 1
+            lo = min(lo, v)
+            if subset[i]:
+                n_s += 1
+                lo_s = min(lo_s, v)
+    all_ = min(1.0, lo * n) if n > 0 else 1.0
+    part = min(1.0, lo_s * n_s) if n_s > 0 else np.nan
+    return all_, part
+
+
+@numba.njit(cache=True, nogil=True, fastmath=True)
+def id_relation(z, ids, table, weight, center, out):  # pragma: no cover - compiled
+    """The first stage's relation to its input token ids (see `tokens.IdRelation`): z (m, K) float32 are sampled
+    output tokens (projected), ids (m,) their input token ids, table (V, K) / weight (V,) the bias-corrected
+    running mean output of each id, center (K,) the running mean of every token. Over the tokens whose id was
+    seen before, cos_i = cos(z_i - center, table[id_i] / weight[id_i] - center); out[0] = 1 - mean cos,
+    out[1] = 1 - min cos; NaN, NaN when no token's id was seen before. (Centred by the stream's mean token, not
+    the message's: a message made mostly of one token -- a run of spaces -- would otherwise keep only its
+    context-dependent variation, which the id does not predict.)"""
+    m, K = z.shape
+    V = table.shape[0]
+    total = 0.0
+    low = 1.0
+    count = 0
+    known = 0
+    for i in range(m):
+        v = ids[i]
+        if not (0 <= v < V and weight[v] > 0.0):
+            continue
+        known += 1
+        dot = 0.0
+        na = 0.0
+        nb = 0.0
+        for c in range(K):
+            a = z[i, c] - center[c]
+            b = table[v, c] / weight[v] - center[c]
+            dot += a * b
+            na += a * a
+            nb += b * b
+        if na > 0.0 and nb > 0.0:
+            cs = dot / np.sqrt(na * nb)
+            total += cs
+            count += 1
+            if cs < low:
+                low = cs
+    if known == 0:
+        out[0] = np.nan
+        out[1] = np.nan
+    elif count == 0:
+        out[0] = 1.0
+        out[1] = 1.0
+    else:
+        out[0] = 1.0 - total / count
+        out[1] = 1.0 - low
+
+
+@numba.njit(cache=True, nogil=True)
+def id_learn(z, ids, table, weight, center, beta):  # pragma: no cover - compiled
+    """Running means per token id: table[v] <- beta table[v] + (1 - beta) z_i, weight[v] likewise from 0 (so
+    table[v] / weight[v] is the bias-corrected mean), for every sampled token i of id v < V; center[:K] the
+    bias-corrected running mean of every token (center[K] its weight)."""
+    m, K = z.shape
+    V = table.shape[0]
+    for i in range(m):
+        v = ids[i]
+        if 0 <= v < V:
+            for c in range(K):
+                table[v, c] = beta * table[v, c] + (1.0 - beta) * z[i, c]
+            weight[v] = beta * weight[v] + (1.0 - beta)
+    b = beta ** (1.0 / max(m, 1))  # the whole message moves the mean token as much as one token moves its id's
+    for i in range(m):
+        for c in range(K):
+            center[c] = b * center[c] + (1.0 - b) * z[i, c]
+        center[K] = b * center[K] + (1.0 - b)

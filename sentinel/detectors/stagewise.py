@@ -45,6 +45,7 @@ from 9.9% to 0% (each alone: 4.6%, 1.6%) and on the paper table from 0.07% to 0 
 from __future__ import annotations
 
 import dataclasses
+import math
 from typing import Literal
 
 import numpy as np
@@ -53,7 +54,7 @@ import torch
 from sentinel.config import spec
 from sentinel.detectors.base import Detector, Marker, Verdict
 from sentinel.detectors.baseline import Baseline, Fences, SenderMedianBaseline
-from sentinel.detectors.calibration import TailCalibrator, combine
+from sentinel.detectors.calibration import TailCalibrator
 from sentinel.detectors.distances import (
     DISTANCES,
     MAGNITUDES,
@@ -64,15 +65,27 @@ from sentinel.detectors.distances import (
     signature,
 )
 from sentinel.detectors.replay import ReplayMemory
-from sentinel.detectors.tokens import RELATION_STATS, TOKEN_STATS, reference_of, relation, token_norm
+from sentinel.detectors.tokens import (
+    RELATION_STATS,
+    IdRelation,
+    is_token_ids,
+    reference_of,
+    relation,
+    sample_rows,
+    token_norm,
+)
 from sentinel.errors import ConfigError
 from sentinel.registry import DETECTORS
 from sentinel.transport.message import Message, Role
 
 DistanceName = Literal["l1", "l2_normalized", "sign_flip_ratio", "sliced_wasserstein", "z_mean", "skewness",
                        "token_norm", "align", "align_tail"]
-STATISTICS = DISTANCES + TOKEN_STATS  # the default: every pooled distance and every token-level statistic
+# The default: every pooled distance and the relation statistics. token_norm (max / median token norm) is left out:
+# honest gradients of the last stage grow single huge tokens as the model learns (max / median from ~3 to 20-570
+# on byte-level text within 50 steps), faster than any window follows; the relation's tail sees a few tampered tokens.
+STATISTICS = DISTANCES + ("align", "align_tail")
 _MASK = (1 << 64) - 1
+FLAG_MEMORY = 10  # steps: a sender's flagged messages teach the windows (capped) at most once in this many
 
 
 def fence_logs(cfg, names: tuple[str, ...] | None = None) -> tuple[bool, ...]:
@@ -104,8 +117,10 @@ class _Stream:
             self.baseline = Baseline(beta, beta_var, keep_full=keep_full)
         self.names: tuple[str, ...] = ()  # the statistics this stream computes (set by its first message)
         self.fences: Fences | None = None
+        self.ids: IdRelation | None = None  # the first stage's input is token ids: their running mean outputs
         self.replays = ReplayMemory(cfg.replay_memory) if cfg.replay_memory else None
         self.flags = 0
+        self.flagged_at: dict[str, int] = {}  # sender -> step of its latest flagged message
         self.recent: dict[str, tuple[int, float]] = {}  # sender -> (step, statistic) of its latest message
 
     def setup(self, cfg, names: tuple[str, ...]) -> None:
@@ -142,12 +157,14 @@ class Sentinel(Detector):
             "token_mean", help="pooled vector: per-feature mean over tokens, or the whole tensor")
         distances: tuple[DistanceName, ...] = spec(
             STATISTICS, help="statistics judged: the pooled distances to the baseline and the token-level ones "
-            "(tokens.py; align and align_tail only where the sender's input is known)")
+            "(tokens.py: align and align_tail where the sender's input is known; token_norm on request)")
         num_projections: int = spec(32, ge=1, le=1024, help="sliced Wasserstein: random directions")
         num_quantiles: int = spec(32, ge=2, le=1024, help="sliced Wasserstein: quantile levels per direction")
         max_tokens: int | None = spec(128, ge=8, help="tokens the higher moments and slices use (every s-th from a "
                                       "random offset); null: all. The pooled mean always uses all")
-        window: int = spec(100, ge=8, help="accepted values per distance the fences are computed over")
+        window: int = spec(200, ge=8, help="accepted values per statistic the tail probabilities (or fences) are "
+                           "computed over (200: ~40 above the 80th percentile to fit the tail; 100 and 50 gave 1.6x and "
+                           "3x the honest flag rate on byte-level text)")
         k: float = spec(4.0, gt=0, help="outer Tukey fence: flag above Q3 + k * IQR")
         k_learn: float = spec(2.5, ge=0, help="inner Tukey fence: only messages below Q3 + k_learn * IQR teach the "
                               "baseline (between the fences: accepted, not learned)")
@@ -158,8 +175,9 @@ class Sentinel(Detector):
             "flag when -log10 p > level; any / vote / weighted: Tukey fences at k (the paper's rule and variants)")
         level: float = spec(3.0, gt=0, help="calibrated: flag a message whose combined tail probability is below "
                             "10^-level (the per-message false-alarm probability the rule aims at: 1e-3)")
-        learn_level: float = spec(2.0, ge=0, help="calibrated: only messages with -log10 p <= learn_level teach the "
-                                  "baseline and the windows (between the levels: accepted, not learned)")
+        learn_level: float = spec(3.0, ge=0, help="calibrated: only messages with -log10 p <= learn_level teach the "
+                                  "baseline and the windows (between the levels: accepted, not learned); a flagged "
+                                  "message teaches the windows its values capped at the flag level, never the baseline")
         vote_m: int = spec(2, ge=1, help="combine=vote: distances that must exceed their fence")
         weights: tuple[float, ...] = spec((), help="combine=weighted: one weight per distance (default: equal)")
         fence_scale: Literal["linear", "log", "auto"] = spec(
@@ -208,6 +226,8 @@ class Sentinel(Detector):
         self._key = mix(seed, 0x70C)  # private: never in the public view (a real verifier's secret)
         self._norms = np.empty(2)  # scratch: the (median^2, max^2) token norms of the message being judged
         self._rel = np.empty(2)  # scratch: (align, align_tail)
+        self._ids_now: tuple[np.ndarray, np.ndarray] | None = None  # (projected sampled tokens, their ids): learned
+        # with the message when it is accepted (first-stage streams only)
 
     # -- state ------------------------------------------------------------------------------------
     def _projections(self, dim: int) -> Projections:
@@ -234,28 +254,49 @@ class Sentinel(Detector):
                         self._norms)
         return sig, layout(tuple(payload.shape), proj, self.config.pooling)
 
-    @staticmethod
-    def _learn(st: _Stream, sig: np.ndarray, lay, msg: Message) -> None:
+    def _learn(self, st: _Stream, sig: np.ndarray, lay, msg: Message) -> None:
         if isinstance(st.baseline, SenderMedianBaseline):
             st.baseline.update(sig, lay, msg.payload, sender=msg.sender, step=msg.step)
         else:
             st.baseline.update(sig, lay, msg.payload)
+        if st.ids is not None and self._ids_now is not None:
+            st.ids.learn(*self._ids_now)
 
     def _comparable(self, st: _Stream, sig: np.ndarray) -> bool:
         return st.baseline.comparable(sig)
 
-    def _values(self, st: _Stream, sig: np.ndarray, payload: torch.Tensor, reference) -> np.ndarray:
+    def _values(self, st: _Stream, sig: np.ndarray, payload: torch.Tensor, reference, offset: int = 0) -> np.ndarray:
         """The stream's statistics of one message, in `st.names` order (NaN: a relation with no reference)."""
         got = dict(zip(st.pooled, distances(sig, st.baseline.view(), st.pooled).tolist()))
         got["token_norm"] = token_norm(self._norms)
-        if "align" in st.names or "align_tail" in st.names:
-            ok = relation(payload, reference, self._rel)
+        self._ids_now = None
+        if st.ids is not None and is_token_ids(reference, payload):
+            self._ids_now = self._sampled_ids(payload, reference, offset)
+            ok = st.ids.judge(*self._ids_now, self._rel)
+            got["align"], got["align_tail"] = (float(v) for v in self._rel) if ok else (np.nan, np.nan)
+        elif "align" in st.names or "align_tail" in st.names:
+            ok = relation(payload, reference, self._rel, self.config.max_tokens, offset)
             got["align"], got["align_tail"] = (float(v) for v in self._rel) if ok else (np.nan, np.nan)
         return np.array([got[n] for n in st.names])
 
-    def _first(self, st: _Stream, sig: np.ndarray, lay, msg: Message) -> Verdict:
+    def _sampled_ids(self, payload: torch.Tensor, ids: torch.Tensor, offset: int) -> tuple[np.ndarray, np.ndarray]:
+        """(projected sampled tokens (m, P), their input token ids (m,)) of the message just signed: the signature
+        left the projections of the tokens it sampled in its workspace."""
+        C = payload.shape[-1]
+        rows = sample_rows(ids.numel(), self.config.max_tokens, offset)
+        tok = ids.reshape(-1)[rows].cpu().numpy().astype(np.int64)
+        z = self._projections(C).workspace(len(tok))[:, C:].copy()
+        return z, tok
+
+    def _first(self, st: _Stream, sig: np.ndarray, lay, msg: Message, offset: int) -> Verdict:
         """The stream's first message: fix which statistics it can compute, and learn."""
-        has_ref = relation(msg.payload, reference_of(self.env, msg), self._rel)
+        ref = reference_of(self.env, msg)
+        has_ref = relation(msg.payload, ref, self._rel)
+        self._ids_now = None
+        if is_token_ids(ref, msg.payload):  # the first stage: the relation is to its input token ids
+            st.ids = IdRelation(self.config.num_projections, self.config.beta_act)
+            self._ids_now = self._sampled_ids(msg.payload, ref, offset)
+        has_ref = has_ref or st.ids is not None
         st.setup(self.config, tuple(n for n in self.names if has_ref or n not in RELATION_STATS))
         st.fences.set_resolution(resolutions(st.names, lay))
         self._learn(st, sig, lay, msg)
@@ -283,11 +324,10 @@ class Sentinel(Detector):
         exceedance statistic (no p-values)."""
         if self.config.combine != "calibrated":
             return self.statistic(st.fences.exceedance(values, t), st.names), None, None
-        p_each = st.fences.pvalues(t)
-        p = combine(p_each)
-        rel = p_each[st.relation]
-        p_rel = combine(rel) if len(rel) and not np.isnan(rel).all() else None
-        return -np.log10(max(p, 1e-300)), p, p_rel
+        from sentinel.detectors import kernels
+
+        p, p_rel = kernels.bonferroni(st.fences.pvalues(t), st.relation)  # = calibration.combine, all and relation
+        return -math.log10(max(p, 1e-300)), p, (p_rel if p_rel == p_rel else None)
 
     def statistic(self, exceed: np.ndarray, names: tuple[str, ...] | None = None) -> float:
         """The combined statistic: flagged <=> statistic > k (see module docstring). A statistic without a
@@ -343,7 +383,8 @@ class Sentinel(Detector):
 
     def observe(self, msg: Message) -> Verdict:
         st = self._stream(msg.boundary, msg.role)
-        sig, lay = self._signature(msg.payload, self._offset(msg))
+        offset = self._offset(msg)
+        sig, lay = self._signature(msg.payload, offset)
         # NaN / Inf somewhere in the payload: never reaches any state. The float64 sum of a signature is finite
         # exactly when every entry is (entries are float32 values or a float64 square norm: no overflow)
         if not np.isfinite(np.add.reduce(sig)):
@@ -351,9 +392,9 @@ class Sentinel(Detector):
         if st.replays is not None and st.replays.seen_before((tuple(msg.payload.shape), sig[:64].tobytes()), msg.step):
             return Verdict({}, True, frozenset({Marker.REPLAY}))  # the pooled mean uses every token: equal only for a replay
         if not self._comparable(st, sig) or st.fences is None:  # first message (the Verifier rejects odd shapes)
-            return self._first(st, sig, lay, msg)
-        values = self._values(st, sig, msg.payload, reference_of(self.env, msg))
-        d = {n: v for n, v in zip(st.names, values.tolist()) if not np.isnan(v)}
+            return self._first(st, sig, lay, msg, offset)
+        values = self._values(st, sig, msg.payload, reference_of(self.env, msg), offset)
+        d = {n: v for n, v in zip(st.names, values.tolist()) if v == v}  # NaN: a relation without a reference
         t = st.fences.transform(values)  # on the fences' scale, once for the test and the window
         if st.fences.count < self.config.min_history:
             return self._accept(st, sig, lay, msg, values, d, t)
@@ -364,9 +405,11 @@ class Sentinel(Detector):
             return self._accept(st, sig, lay, msg, values, d, t, p=p, p_rel=p_rel)  # statistic is still logged)
         stage = msg.boundary if msg.role == Role.ACTIVATION else msg.boundary + 1  # the sender's stage
         st.recent[msg.sender] = (msg.step, e if np.isfinite(e) else np.inf)
-        shift = e > k_learn and self._stage_shift(st, msg.step, e, k_learn, stage)
+        drift = k / 2 if self.config.combine == "calibrated" else k_learn  # "part of a stage-wide drift" above this
+        shift = e > min(k_learn, drift) and self._stage_shift(st, msg.step, e, drift, stage)
         if not e <= k and not shift:  # NaN counts as above the fence
             st.flags += 1
+            self._learn_flag(st, msg, values, t)
             return Verdict(d, True, pvalue=p, relation_pvalue=p_rel)
         learn = e <= k_learn or shift
         if shift:
@@ -378,6 +421,17 @@ class Sentinel(Detector):
         if learn:
             return self._accept(st, sig, lay, msg, values, d, t, marks, p, p_rel)
         return Verdict(d, False, marks, pvalue=p, relation_pvalue=p_rel)
+
+    def _learn_flag(self, st: _Stream, msg: Message, values: np.ndarray, t: np.ndarray) -> None:
+        """A flagged message never teaches the baseline; its values teach the windows capped at each window's
+        largest value (`TailCalibrator.push_capped`), at most once per sender every `FLAG_MEMORY` steps: honest
+        outliers from any sender thicken a tail that was too light, a sender flagged again and again does not."""
+        last = st.flagged_at.get(msg.sender)
+        st.flagged_at[msg.sender] = msg.step
+        if not isinstance(st.fences, TailCalibrator) or np.isnan(values).any():
+            return
+        if last is None or msg.step - last >= FLAG_MEMORY:
+            st.fences.push_capped(t)
 
     def _accept(self, st: _Stream, sig: np.ndarray, lay, msg: Message, values: np.ndarray, d: dict,
                 t: np.ndarray, marks: frozenset = frozenset(), p: float | None = None,

@@ -80,10 +80,15 @@ def test_flagged_messages_never_update_state():
     det = small()
     feed(det, 20)
     st = det._streams[(0, 1)]
-    before = (st.baseline.n, st.baseline._m.copy(), st.fences.count, st.fences._sorted.copy())
+    before = (st.baseline.n, st.baseline._m.copy(), st.fences._pos)
+    top = st.fences._sorted[:, st.fences.count - 1].copy()  # each window's largest value
     assert det.observe(msg(20, 0, honest(20, 0) * 50)).flagged
-    assert st.baseline.n == before[0] and np.array_equal(st.baseline._m, before[1])
-    assert st.fences.count == before[2] and np.array_equal(st.fences._sorted, before[3])
+    assert st.baseline.n == before[0] and np.array_equal(st.baseline._m, before[1])  # the baseline never learns it
+    # the windows learn it once, capped at their largest value: how far out it was stays unknown to them
+    assert st.fences._pos == (before[2] + 1) % st.fences.window
+    assert (st.fences._sorted[:, : st.fences.count].max(1) <= top).all()
+    assert det.observe(msg(20, 1, honest(20, 1) * 50)).flagged
+    assert st.fences._pos == (before[2] + 1) % st.fences.window  # the same sender within FLAG_MEMORY steps: no
 
 
 def test_scores_are_pure_and_match_observe():

@@ -39,13 +39,22 @@ def test_relation_kernel_is_the_numpy_definition(seed):
     np.testing.assert_allclose(out, reference_relation(y.numpy(), r.numpy()), rtol=1e-9, atol=1e-12)
 
 
+def test_relation_reads_the_sampled_tokens():
+    y, r = residual_pair(2, shape=(4, 64, 16))
+    out = np.empty(2)
+    assert relation(y, r, out, max_tokens=64, offset=5)  # 256 tokens: every 4th from 5 % 4 = 1
+    rows = slice(1, None, 4)
+    want = reference_relation(y.reshape(-1, 16)[rows].numpy(), r.reshape(-1, 16)[rows].numpy())
+    np.testing.assert_allclose(out, want, rtol=1e-9, atol=1e-12)
+
+
 def test_relation_needs_a_comparable_float_reference():
     y, r = residual_pair(0)
     out = np.full(2, -1.0)
     assert not relation(y, None, out) and not relation(y, r[:, :8], out)
     assert not relation(y, torch.zeros(4, 16, dtype=torch.long), out)  # token ids (the first stage's input)
     assert (out == -1.0).all()
-    kernels.relation(np.zeros((6, 4), np.float32), np.ones((6, 4), np.float32), out)  # constant: no direction
+    kernels.relation(np.zeros((6, 4), np.float32), np.ones((6, 4), np.float32), 0, 1, out)  # constant: no direction
     assert out.tolist() == [1.0, 1.0]
 
 
