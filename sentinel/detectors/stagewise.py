@@ -85,7 +85,7 @@ DistanceName = Literal["l1", "l2_normalized", "sign_flip_ratio", "sliced_wassers
 # on byte-level text within 50 steps), faster than any window follows; the relation's tail sees a few tampered tokens.
 STATISTICS = DISTANCES + ("align", "align_tail")
 _MASK = (1 << 64) - 1
-FLAG_MEMORY = 10  # steps: a sender's flagged messages teach the windows (capped) at most once in this many
+FLAG_MEMORY = 10  # steps: a sender's outliers teach the windows (capped) at most once in this many
 
 
 def fence_logs(cfg, names: tuple[str, ...] | None = None) -> tuple[bool, ...]:
@@ -120,7 +120,7 @@ class _Stream:
         self.ids: IdRelation | None = None  # the first stage's input is token ids: their running mean outputs
         self.replays = ReplayMemory(cfg.replay_memory) if cfg.replay_memory else None
         self.flags = 0
-        self.flagged_at: dict[str, int] = {}  # sender -> step of its latest flagged message
+        self.outlier_at: dict[str, int] = {}  # sender -> step of its latest message above the learning level
         self.recent: dict[str, tuple[int, float]] = {}  # sender -> (step, statistic) of its latest message
 
     def setup(self, cfg, names: tuple[str, ...]) -> None:
@@ -405,11 +405,12 @@ class Sentinel(Detector):
             return self._accept(st, sig, lay, msg, values, d, t, p=p, p_rel=p_rel)  # statistic is still logged)
         stage = msg.boundary if msg.role == Role.ACTIVATION else msg.boundary + 1  # the sender's stage
         st.recent[msg.sender] = (msg.step, e if np.isfinite(e) else np.inf)
-        drift = k / 2 if self.config.combine == "calibrated" else k_learn  # "part of a stage-wide drift" above this
-        shift = e > min(k_learn, drift) and self._stage_shift(st, msg.step, e, drift, stage)
+        drift = k_learn / 2 if self.config.combine == "calibrated" else k_learn  # "part of a stage-wide drift" above
+        shift = e > k_learn and self._stage_shift(st, msg.step, e, drift, stage)
+        if not e <= k_learn and not shift:  # NaN counts as above: the baseline will not learn it, the windows may
+            self._learn_outlier(st, msg, values, t)
         if not e <= k and not shift:  # NaN counts as above the fence
             st.flags += 1
-            self._learn_flag(st, msg, values, t)
             return Verdict(d, True, pvalue=p, relation_pvalue=p_rel)
         learn = e <= k_learn or shift
         if shift:
@@ -422,12 +423,14 @@ class Sentinel(Detector):
             return self._accept(st, sig, lay, msg, values, d, t, marks, p, p_rel)
         return Verdict(d, False, marks, pvalue=p, relation_pvalue=p_rel)
 
-    def _learn_flag(self, st: _Stream, msg: Message, values: np.ndarray, t: np.ndarray) -> None:
-        """A flagged message never teaches the baseline; its values teach the windows capped at each window's
-        largest value (`TailCalibrator.push_capped`), at most once per sender every `FLAG_MEMORY` steps: honest
-        outliers from any sender thicken a tail that was too light, a sender flagged again and again does not."""
-        last = st.flagged_at.get(msg.sender)
-        st.flagged_at[msg.sender] = msg.step
+    def _learn_outlier(self, st: _Stream, msg: Message, values: np.ndarray, t: np.ndarray) -> None:
+        """A message above the learning level (flagged at the default levels) never teaches the baseline; its values
+        teach the windows capped at each window's largest value (`TailCalibrator.push_capped`), at most once per
+        sender every `FLAG_MEMORY` steps: honest outliers from any sender thicken a tail that was too light, a
+        sender caught again and again does not. Only the learning level decides this, so the detector's state
+        (and an open-loop run's verdicts at every level >= learn_level) does not depend on the flag level."""
+        last = st.outlier_at.get(msg.sender)
+        st.outlier_at[msg.sender] = msg.step
         if not isinstance(st.fences, TailCalibrator) or np.isnan(values).any():
             return
         if last is None or msg.step - last >= FLAG_MEMORY:
