@@ -103,3 +103,28 @@ def test_reference_of_reads_the_right_input_per_direction():
     bwd = Message(0, 0, 1, Role.GRADIENT, "s2r0", "s1r0", torch.ones(2))
     assert reference_of(env, fwd) is x_in and reference_of(env, bwd) is g_in
     assert reference_of(DetectorEnv(), fwd) is None
+
+
+def test_first_stage_relation_to_token_ids():
+    """A first stage's output is its ids' embeddings plus context: permuting tokens breaks the match with the ids."""
+    from sentinel.detectors.tokens import IdRelation
+
+    g = torch.Generator().manual_seed(3)
+    emb = torch.randn(20, 16, generator=g)  # V = 20 ids, K = 16 projected features
+
+    def message(seed):
+        gen = torch.Generator().manual_seed(seed)
+        ids = torch.randint(0, 20, (64,), generator=gen)
+        return (emb[ids] + 0.2 * torch.randn(64, 16, generator=gen)).numpy().astype(np.float32), ids.numpy()
+
+    rel, out = IdRelation(16, 0.9), np.empty(2)
+    z, ids = message(0)
+    assert not rel.judge(z, ids, out)  # nothing learned yet
+    for s in range(20):
+        rel.learn(*message(s))
+    z, ids = message(99)
+    assert rel.judge(z, ids, out) and out[0] < 0.1
+    perm = np.random.default_rng(0).permutation(64)
+    rel.judge(z[perm], ids, out)
+    assert out[0] > 0.6
+    assert rel.judge(z, np.full(64, 10**7), out) is False  # ids beyond the table: not judged
