@@ -115,7 +115,7 @@ class AdversaryLayer:
         out, name = self._offer(msg, {"": msg.payload}, "pre_codec")
         if name is not None:
             self.log.log_tamper(msg, name, norm_ratio([out[""]], [msg.payload]))
-            msg.payload = out[""]
+            msg = msg.replace(payload=out[""])
             self._pre_acted = msg
         return msg
 

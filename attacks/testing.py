@@ -3,8 +3,8 @@ suite; third-party attack authors can run the same checks on their own attacks).
 
 `drive(layer, scenario, steps)` sends, for every step and microbatch, the messages the sim engine
 would send -- activations forward over every boundary, the last stage's target corruption hook, the
-gradients backward, then every replica's DP-sync contribution -- through a real `Transport` with the
-identity codec. Payloads are seeded random tensors, so honest content differs per message. It
+gradients backward, then every replica's DP-sync contribution -- through the real transport halves
+(`Sender`, `Relay`) with the identity codec. Payloads are seeded random tensors, so honest content differs per message. It
 returns one `Sent` record per message with the honest and the delivered tensor.
 """
 
@@ -16,7 +16,7 @@ import torch
 
 from attacks.base import torch_generator
 from sentinel.engine.workers import Router
-from sentinel.transport import Message, Role, Transport
+from sentinel.transport import Message, Relay, Role, Sender, message_id
 from sentinel.transport.codecs import Identity
 
 
@@ -46,16 +46,16 @@ def _payload(seed: int, step: int, mb: int, boundary: int, role: Role, shape: tu
 
 def drive(layer, scenario, workers, log, steps: int, shape: tuple[int, int, int] = (2, 4, 8), dp_dim: int = 16):
     """Send `steps` steps of synthetic traffic through `layer`; returns the list of `Sent` records."""
-    transport = Transport(log, {Role.ACTIVATION: Identity(), Role.GRADIENT: Identity()}, scenario.seed,
-                          adversary=layer)
+    codecs = {Role.ACTIVATION: Identity(), Role.GRADIENT: Identity()}
+    half, relay = Sender(codecs, scenario.seed, adversary=layer), Relay(log, codecs, scenario.seed, shape)
     router = Router(scenario.pipeline.routing, scenario.seed, workers)
     S, M, out = scenario.pipeline.stages, scenario.pipeline.microbatches, []
 
     def send(step, mb, b, role, sender, receiver, corrupted=False):
         honest = _payload(scenario.seed, step, mb, b, role, shape)
         given = honest.clone()
-        msg = Message(step, mb, b, role, sender, receiver, given)
-        delivered = transport.send(msg)
+        msg = Message(step, mb, b, role, sender, receiver, given, msg_id=message_id(step, mb, b, role, M, S))
+        delivered = relay.carry(*half.encode(msg)).payload
         intact = torch.equal(given, honest)
         out.append(Sent(msg.msg_id, step, mb, b, role, sender, honest, delivered, corrupted, intact))
 
@@ -72,7 +72,7 @@ def drive(layer, scenario, workers, log, steps: int, shape: tuple[int, int, int]
         for i, wid in enumerate(workers.ids):
             honest = _payload(scenario.seed, step, -1, workers.stage[i], Role.DP_GRADIENT, (dp_dim,))
             given = honest.clone()
-            delivered = transport.dp_contribution(step, workers.stage[i], wid, given)
+            delivered = layer.dp_contribution(step, workers.stage[i], wid, given)
             out.append(Sent(-1, step, -1, workers.stage[i], Role.DP_GRADIENT, wid, honest, delivered,
                             input_intact=torch.equal(given, honest)))
     return out

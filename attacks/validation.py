@@ -49,3 +49,18 @@ def attack_problems(i: int, spec, sc, malicious: list[str]) -> list[tuple[str, s
     if not out:
         out += cls.check(i, spec, sc, malicious)
     return out
+
+
+def white_box_attacks(sc) -> list[str]:
+    """YAML paths of the attacks that read the detector's public state (their class overrides `attach_view`)."""
+    from attacks.base import Attack
+    from attacks.gating import Wrapper
+
+    def white_box(name: str, config) -> bool:
+        cls = ATTACKS.get(name)
+        if issubclass(cls, Wrapper):
+            return white_box(config.attack, None)
+        return cls.attach_view is not Attack.attach_view
+
+    return [f"adversary.attacks[{i}].name" for i, spec in enumerate(sc.adversary.attacks)
+            if white_box(spec.name, spec.config)]

@@ -152,7 +152,7 @@ def detector_overhead(quick: bool) -> dict:
 
     def record(name: str, engine, s_per_step: float) -> None:
         times[name].append(s_per_step)
-        verifier_s[name].append(engine.transport.verifier_s / (steps + 1))  # the warm-up step and the timed ones
+        verifier_s[name].append(engine.verifier_s / (steps + 1))  # the warm-up step and the timed ones
 
     def paired(name: str) -> float:
         return statistics.median(a / b for a, b in zip(times[name], times["none"]))
@@ -174,7 +174,7 @@ def detector_overhead(quick: bool) -> dict:
 
 @benchmark
 def dist_vs_sim(quick: bool) -> dict:
-    """Seconds per step of `dist` on 4 processes (relay + 3 stage ranks) over `sim`, same scenario (engine.yaml, S=3).
+    """Seconds per step of `dist` on 4 processes (a verifier + 3 stage ranks) over `sim`, same scenario (engine.yaml, S=3).
 
     dist's figure is the relay's steady-state step time (first step excluded, evaluation excluded); sim's is
     `time_steps` in this process. The detail splits dist's step: time the relay spends blocked waiting
@@ -195,21 +195,85 @@ def dist_vs_sim(quick: bool) -> dict:
                quiet=True, timeout_s=900, output=Path(tmp) / "dist.log")
         timing = json.loads((Path(tmp) / "dist_timing.json").read_text())
         summary = json.loads((Path(tmp) / "summary.json").read_text())
-    ranks = timing["ranks"]
+    workers = [r for r in timing["ranks"] if r.get("role") == "worker"]
     return {
         "dist_vs_sim": timing["s_per_step"] / sim_s,
         "dist_vs_sim_detail": {
             "sim_s_per_step": sim_s,
             "dist_s_per_step": timing["s_per_step"],
             "processes": timing["world"],
+            "verifiers": timing["verifiers"],
             "backend": timing["backend"],
-            "relay_wait_s_per_step": timing["relay_wait_s"] / steps,
-            "worker_compute_s_per_step": sum(r["compute_s"] for r in ranks) / steps,
-            "worker_wait_s_per_step": sum(r["wait_s"] for r in ranks) / steps,
+            "coordinator_wait_s_per_step": timing["coordinator_wait_s"] / steps,
+            "worker_busy_s_per_step": sum(r["wall_s"] - r["wait_s"] for r in workers) / steps,
+            "worker_wait_s_per_step": sum(r["wait_s"] for r in workers) / steps,
             "messages_per_step": summary["transport"]["messages"] / steps,
             "wire_bytes_per_step": summary["transport"]["bytes_sent"] / steps,
         },
     }
+
+
+def _dist_timing(name: str, overrides: list[str], nproc: int, verifiers: int | None = None) -> dict:
+    """dist_timing.json of a distributed run of a bench scenario (one intra-op thread per process)."""
+    import json
+    import tempfile
+
+    from sentinel.distributed.launch import launch
+    from sentinel.distributed.runtime import Options
+
+    with tempfile.TemporaryDirectory() as tmp:
+        launch(str(SCENARIOS / f"{name}.yaml"), Path(tmp), overrides, nproc=nproc,
+               options=Options(timeout_s=300, verifiers=verifiers), quiet=True, timeout_s=1800,
+               output=Path(tmp) / "dist.log")
+        return json.loads((Path(tmp) / "dist_timing.json").read_text())
+
+
+def _sim_s_per_step(name: str, overrides: list[str], steps: int) -> float:
+    """sim's seconds per step of the same scenario on one intra-op thread (as each distributed process has)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        return alternate({"sim": lambda: SimEngine(load_bench(name, *overrides))}, reps=1, steps=steps)["sim"]
+    finally:
+        torch.set_num_threads(threads)
+
+
+@benchmark
+def dist_scale(quick: bool) -> dict:
+    """The distributed backend at the paper's mesh size: seconds per step at 176 workers (16 x 11) over 16 workers
+    (16 x 1), same 22 microbatches, each on 31 processes (a verifier per boundary, one rank per stage); and the
+    same 176-worker run over sim on one thread (`dist_vs_sim_176`; goal <= 1.5 on 2 cores, where the ranks'
+    compute overlaps). The detail has each verifier's messages per second of relaying."""
+    steps = 3 if quick else 6
+    common = [f"training.steps={steps}", f"training.eval_every={steps}"]
+    t16 = _dist_timing("scale", [*common, "pipeline.replicas=1"], nproc=31)
+    t176 = _dist_timing("scale", [*common, "pipeline.replicas=11"], nproc=31)
+    sim176 = _sim_s_per_step("scale", [*common, "pipeline.replicas=11"], steps=steps - 1)
+    return {
+        "dist_scale": t176["s_per_step"] / t16["s_per_step"],
+        "dist_vs_sim_176": t176["s_per_step"] / sim176,
+        "dist_scale_detail": {
+            "dist_16_s_per_step": t16["s_per_step"], "dist_176_s_per_step": t176["s_per_step"],
+            "sim_176_s_per_step": sim176, "processes": t176["world"], "verifiers": t176["verifiers"],
+            "verifier_messages_per_s_16": t16["verifier_messages_per_s"],
+            "verifier_messages_per_s_176": t176["verifier_messages_per_s"],
+        },
+    }
+
+
+@benchmark
+def dist_detector_overhead(quick: bool) -> dict:
+    """SENTINEL on the distributed backend (verifiers in their own processes): seconds per step with the detector
+    over without (closed loop, `on_flag: accept` so both train the same), engine.yaml with S=3 on 5 processes
+    (2 verifiers + 3 stage ranks). Goal <= 1.02: the detector's work is off the workers' critical path."""
+    steps = 4 if quick else 12
+    common = ["pipeline.stages=3", f"training.steps={steps}", f"training.eval_every={steps}"]
+    off = _dist_timing("engine", common, nproc=5)
+    on = _dist_timing("engine", [*common, "detector.name=sentinel", "detector.warmup_steps=1",
+                                 "response.on_flag=accept"], nproc=5)
+    return {"dist_detector_overhead": on["s_per_step"] / off["s_per_step"],
+            "dist_detector_detail": {"off_s_per_step": off["s_per_step"], "on_s_per_step": on["s_per_step"],
+                                     "verifier_s": sum(r.get("verifier_s", 0.0) for r in on["ranks"]) / steps}}
 
 
 def run_all(quick: bool = False) -> dict:

@@ -7,11 +7,11 @@ Bad input never produces a traceback: errors are printed one per line, located.
 from __future__ import annotations
 
 import argparse
-import datetime
-import json
+import os
 import sys
 from pathlib import Path
 
+from sentinel import strictjson
 from sentinel.errors import ConfigError, SentinelError
 from sentinel.registry import REGISTRIES, did_you_mean, one_line
 
@@ -23,30 +23,19 @@ class _Parser(argparse.ArgumentParser):
         raise SystemExit(2)
 
 
-def _default_out(name: str) -> Path:
-    stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
-    base = Path("runs") / f"{name}-{stamp}"
-    out, i = base, 1
-    while out.exists():
-        out, i = Path(f"{base}-{i}"), i + 1
-    return out
-
-
 def cmd_run(args: argparse.Namespace) -> int:
-    from sentinel import runner, scenario
+    from sentinel import preflight, runner
 
-    sc = scenario.load(args.scenario, args.set)
-    out = Path(args.out) if args.out else _default_out(sc.name)
+    plan = preflight.check(preflight.Request.from_args(args, "run"))  # exit 2 before anything is written
+    sc, out = plan.scenario, plan.out
     if args.backend == "dist":
         from sentinel.distributed.launch import launch, options_from_cli
 
         summary = launch(args.scenario, out, args.set, nproc=args.nproc, options=options_from_cli(args),
                          quiet=args.quiet)
     else:
-        dist_only = [f for f in ("nproc", "checkpoint_every", "resume", "device") if getattr(args, f, None)]
-        if dist_only:
-            raise ConfigError(f"--{dist_only[0].replace('_', '-')}: only used with --backend dist")
-        summary = runner.run(sc, out, progress=None if not args.quiet else False, backend=args.backend)
+        summary = runner.run(sc, out, progress=None if not args.quiet else False, backend=args.backend,
+                             checkpoint_every=args.checkpoint_every, resume=args.resume)
     t = summary["training"]
     print(
         f"{sc.name}: val loss {t['initial_val_loss']:.4f} -> {t['final_val_loss']:.4f} "
@@ -56,12 +45,16 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 def cmd_validate(args: argparse.Namespace) -> int:
-    from sentinel import scenario
+    from sentinel import preflight, scenario
 
-    sc = scenario.load(args.scenario, args.set)
+    plan = preflight.check(preflight.Request.from_args(args, "validate"))  # what `run` (and `sweep`) check
+    sc = plan.scenario
     for note in scenario.warnings_for(sc):
         print(f"warning: {note}", file=sys.stderr)
-    print(f"{args.scenario}: ok ({sc.name}: {sc.num_workers} workers, {sc.training.steps} steps)")
+    points = f"; sweep.grid: {len(plan.points)} points, each valid" if plan.points else ""
+    print(f"{args.scenario}: ok ({sc.name}: {sc.num_workers} workers, {sc.training.steps} steps{points})")
+    for line in plan.estimate.lines():
+        print(f"  {line}")
     return 0
 
 
@@ -79,8 +72,23 @@ def cmd_list(args: argparse.Namespace) -> int:
     return 0
 
 
+def _describe_scenario(prefix: str) -> int:
+    """`sentinel describe scenario[.SECTION]`: every scenario key with its type, default and range."""
+    from sentinel.config import schema_rows
+    from sentinel.scenario import Scenario
+
+    rows = [r for r in schema_rows(Scenario) if r[0].startswith(prefix)]
+    if not rows:
+        raise ConfigError(f"scenario.{prefix.rstrip('.')}: no such key; see `sentinel describe scenario`")
+    for key, tp, default, rng, help_ in rows:
+        print(f"{key}: {tp} = {default}" + (f"  [{rng}]" if rng else "") + (f"  # {help_}" if help_ else ""))
+    return 0
+
+
 def cmd_describe(args: argparse.Namespace) -> int:
     name = args.name
+    if name == "scenario" or name.startswith("scenario."):
+        return _describe_scenario(name[len("scenario."):])
     kind = None
     if "/" in name:
         kind, name = name.split("/", 1)
@@ -95,16 +103,19 @@ def cmd_describe(args: argparse.Namespace) -> int:
         if info["params"]:
             print("parameters:")
             for p in info["params"]:
-                print(f"  {p['name']}: {p['type']} = {p['default']!r}" + (f"  # {p['help']}" if p["help"] else ""))
+                print(f"  {p['name']}: {p['type']} = {p['default']!r}" + (f"  [{p['range']}]" if p.get("range") else "")
+                      + (f"  # {p['help']}" if p["help"] else ""))
         else:
             print("parameters: none")
     return 0
 
 
 def cmd_sweep(args: argparse.Namespace) -> int:
-    from sentinel import sweep
+    from sentinel import preflight, sweep
 
-    out = Path(args.out) if args.out else _default_out(Path(args.scenario).stem + "-sweep")
+    if args.jobs is not None and not 1 <= args.jobs <= 256:
+        raise ConfigError(f"--jobs {args.jobs}: parallel processes, 1 to 256")
+    out = preflight.check(preflight.Request.from_args(args, "sweep")).out  # every point, before any runs
     rows = sweep.run_sweep(args.scenario, out, args.set, jobs=args.jobs)
     print((out / "sweep.md").read_text(), end="")
     print(f"{len(rows)} grid points; table and plots in {out}")
@@ -112,49 +123,79 @@ def cmd_sweep(args: argparse.Namespace) -> int:
 
 
 def cmd_report(args: argparse.Namespace) -> int:
+    from sentinel import preflight
     from sentinel.scoring import report
 
-    for d in args.dirs:
-        report.rebuild(Path(d))
+    if args.out:
+        preflight.check_out_file(args.out, "--out")
+    good, bad = [], 0
+    for d in args.dirs:  # a bad folder is named and skipped; the others are still rebuilt
+        try:
+            report.rebuild(Path(d))
+        except ConfigError as exc:
+            bad += 1
+            for line in exc.problems:
+                print(f"error: {line}", file=sys.stderr)
+            continue
+        good.append(Path(d))
         print(f"rebuilt {d}/summary.json and {d}/report.md")
-    if len(args.dirs) > 1:
-        table = report.combined_table([Path(d) for d in args.dirs])
+    if len(good) > 1:
+        table = report.combined_table(good)
         print(table, end="")
         if args.out:
             Path(args.out).write_text(table)
-    return 0
+    if bad:
+        print(f"error: {bad} of {len(args.dirs)} folders could not be read (above); the others were rebuilt",
+              file=sys.stderr)
+    return 2 if bad else 0
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
     from sentinel import bench
 
-    print(json.dumps(bench.run_all(quick=args.quick), indent=2))
+    print(strictjson.dumps(bench.run_all(quick=args.quick), indent=2))
     return 0
+
+
+def _budget_flags(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--max-memory", type=float, default=None, metavar="GIB",
+                   help="memory budget in GiB (default: this machine's available memory)")
+    p.add_argument("--force", action="store_true", help="run even if the memory estimate exceeds the budget")
+
+
+def _run_flags(r: argparse.ArgumentParser) -> None:
+    """The flags of `run`, shared by `validate` (which checks them without running)."""
+    r.add_argument("scenario")
+    r.add_argument("--out", help="result folder (default: runs/NAME-TIMESTAMP)")
+    r.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a scenario key")
+    r.add_argument("--backend", choices=["sim", "dist"], default="sim")
+    r.add_argument("--nproc", type=int, default=None,
+                   help="processes for --backend dist (default: one per worker plus one verifier per boundary)")
+    r.add_argument("--verifiers", type=int, default=None, metavar="V",
+                   help="dist: verifier processes (default: one per stage boundary, as --nproc allows)")
+    r.add_argument("--timeout", type=float, default=60.0, help="dist: seconds before a silent rank counts as stalled")
+    r.add_argument("--checkpoint-every", type=int, default=0, metavar="N", help="checkpoint every N steps")
+    r.add_argument("--resume", metavar="DIR", help="resume from the newest checkpoint of a previous run folder")
+    r.add_argument("--device", choices=["cpu", "cuda", "auto"], default=None, help="dist: compute device (cpu)")
+    _budget_flags(r)
 
 
 def make_parser() -> argparse.ArgumentParser:
     p = _Parser(prog="sentinel", description="Testbed for the security of decentralized pipeline-parallel training.")
     sub = p.add_subparsers(dest="command", required=True, parser_class=_Parser)
     r = sub.add_parser("run", help="run a scenario (plus its twins) and write a result folder")
-    r.add_argument("scenario")
-    r.add_argument("--out", help="result folder (default: runs/NAME-TIMESTAMP)")
-    r.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a scenario key")
-    r.add_argument("--backend", choices=["sim", "dist"], default="sim")
-    r.add_argument("--nproc", type=int, default=None, help="processes for --backend dist (default: workers + 1)")
-    r.add_argument("--timeout", type=float, default=60.0, help="dist: seconds before a silent rank counts as stalled")
-    r.add_argument("--checkpoint-every", type=int, default=0, metavar="N", help="dist: checkpoint every N steps")
-    r.add_argument("--resume", metavar="DIR", help="dist: resume from the checkpoints of a previous run folder")
-    r.add_argument("--device", choices=["cpu", "cuda", "auto"], default=None, help="dist: compute device (cpu)")
+    _run_flags(r)
     r.add_argument("--quiet", action="store_true", help="no progress output")
     r.set_defaults(fn=cmd_run)
-    v = sub.add_parser("validate", help="check a scenario file; exit 2 with located errors")
-    v.add_argument("scenario")
-    v.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
+    v = sub.add_parser("validate", help="check a scenario (and run's flags) as `run` and `sweep` would; exit 2 "
+                       "with located errors; print the cost estimate")
+    _run_flags(v)
     v.set_defaults(fn=cmd_validate)
     ls = sub.add_parser("list", help="registered plugins")
     ls.add_argument("kind", nargs="?")
     ls.set_defaults(fn=cmd_list)
-    d = sub.add_parser("describe", help="a plugin's parameters and docs (NAME or KIND/NAME)")
+    d = sub.add_parser("describe", help="a plugin's parameters and docs (NAME or KIND/NAME); `scenario` lists "
+                       "every scenario key with its default and range")
     d.add_argument("name")
     d.set_defaults(fn=cmd_describe)
     sw = sub.add_parser("sweep", help="run the scenario's sweep.grid (resumable); one table and plots")
@@ -162,6 +203,7 @@ def make_parser() -> argparse.ArgumentParser:
     sw.add_argument("--out", help="sweep folder (default: runs/NAME-sweep-TIMESTAMP); rerun it to resume")
     sw.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
     sw.add_argument("--jobs", type=int, default=None, help="parallel processes, one thread each (default: one per core)")
+    _budget_flags(sw)
     sw.set_defaults(fn=cmd_sweep)
     rp = sub.add_parser("report", help="rebuild summary and report of saved result folders; combine several")
     rp.add_argument("dirs", nargs="+")
@@ -183,6 +225,12 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     except SentinelError as exc:
         print(f"error: {exc}", file=sys.stderr)
+        return 1
+    except BrokenPipeError:  # stdout closed early (`sentinel describe scenario | head`): nothing left to say
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 1
+    except OSError as exc:  # the disk or the system failed us mid-command (full disk, lost mount): not bad input
+        print(f"error: {exc.__class__.__name__}: {exc}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
         print("interrupted; partial results (if any) were saved", file=sys.stderr)

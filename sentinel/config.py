@@ -24,6 +24,11 @@ from typing import Any, ClassVar, Literal
 from sentinel.errors import ConfigError, UnknownPluginError
 from sentinel.registry import REGISTRIES, did_you_mean
 
+# Integers without a stated range (plug-in parameters mostly: windows, memories, step counts) accept
+# |x| <= 10^7, the step bound: they size buffers and loops, and a 20-digit value must never reach numpy,
+# torch or range(). A key that needs more, or less, states its own `ge` / `le`.
+INT_BOUNDS = {"ge": -10_000_000, "le": 10_000_000}
+
 
 def spec(default: Any = dataclasses.MISSING, *, help: str = "", **rules: Any) -> Any:
     """A dataclass field with a help text and range rules (ge, gt, le, lt)."""
@@ -81,7 +86,24 @@ def _check_rules(value: Any, meta: Mapping[str, Any], path: str, problems: _Prob
         ("lt", lambda a, b: a < b, "<"),
     ):
         if rule in meta and not op(value, meta[rule]):
-            problems.add(path, f"must be {word} {meta[rule]}, got {value!r}")
+            problems.add(path, f"must be {word} {meta[rule]}, got {_short(value)}")
+            return
+
+
+def _short(value: Any) -> str:
+    """A number as it reads in a message (an integer of hundreds of digits by its length)."""
+    if isinstance(value, int) and len(str(abs(value))) > 24:
+        return f"an integer of {len(str(abs(value)))} digits"
+    return repr(value)
+
+
+def range_text(meta: Mapping[str, Any], tp: Any = None) -> str:
+    """`1 <= x <= 1024`-style text of a field's range rules (integers get the default INT_BOUNDS)."""
+    rules = dict(INT_BOUNDS) if tp is int else {}
+    rules = {k: v for k, v in rules.items() if {"ge": "gt", "le": "lt"}[k] not in meta} | dict(meta)
+    low = f"{rules['ge']} <= " if "ge" in rules else f"{rules['gt']} < " if "gt" in rules else ""
+    high = f" <= {rules['le']}" if "le" in rules else f" < {rules['lt']}" if "lt" in rules else ""
+    return f"{low}x{high}" if low or high else ""
 
 
 def _convert(value: Any, tp: Any, path: str, problems: _Problems, meta: Mapping[str, Any]) -> Any:
@@ -119,7 +141,13 @@ def _convert(value: Any, tp: Any, path: str, problems: _Problems, meta: Mapping[
         if not isinstance(value, Mapping):
             problems.add(path, f"expected a mapping, got {_describe(value)}")
             return None
-        return dict(value)
+        out = {}
+        for k, v in value.items():
+            if not isinstance(k, str):
+                problems.add(_join(path, str(k)), f"keys are strings, got {_describe(k)}")
+                continue
+            out[k] = _convert(v, args[1], _join(path, k), problems, meta) if len(args) == 2 else v
+        return out
     if isinstance(tp, type) and dataclasses.is_dataclass(tp):
         return build(tp, value, path, problems)
     if tp is bool:
@@ -131,7 +159,7 @@ def _convert(value: Any, tp: Any, path: str, problems: _Problems, meta: Mapping[
         if isinstance(value, bool) or not isinstance(value, int):
             problems.add(path, f"expected an integer, got {_describe(value)}")
             return None
-        _check_rules(value, meta, path, problems)
+        _check_rules(value, {**INT_BOUNDS, **meta}, path, problems)
         return value
     if tp is float:
         if isinstance(value, str):  # YAML 1.1 reads "3e-3" as a string; accept it as a number
@@ -142,7 +170,11 @@ def _convert(value: Any, tp: Any, path: str, problems: _Problems, meta: Mapping[
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             problems.add(path, f"expected a number, got {_describe(value)}")
             return None
-        value = float(value)
+        try:
+            value = float(value)
+        except OverflowError:  # an integer with hundreds of digits
+            problems.add(path, f"must be a finite number, got an integer of {len(str(abs(value)))} digits")
+            return None
         if not math.isfinite(value):
             problems.add(path, f"must be a finite number, got {value!r}")
             return None
@@ -227,6 +259,68 @@ def build(cls: type, data: Any, path: str = "", problems: _Problems | None = Non
     if own and problems.items:
         raise ConfigError(problems.items)
     return obj
+
+
+def type_text(tp: Any) -> str:
+    """A field type as the schema listing shows it: `int`, `float | null`, `gpipe | 1f1b`, `list of str`."""
+    origin, args = typing.get_origin(tp), typing.get_args(tp)
+    if origin is Literal:
+        return " | ".join(str(a) for a in args)
+    if origin in (typing.Union, types.UnionType):
+        return " | ".join("null" if a is type(None) else type_text(a) for a in args)
+    if origin is tuple:
+        return f"list of {type_text(args[0]) if args else 'any'}"
+    if origin in (dict, Mapping) or tp is dict:
+        return "mapping"
+    if isinstance(tp, type) and issubclass(tp, PluginSpec):
+        return f"{tp.PLUGIN_KIND[:-1]} (name + its parameters: `sentinel describe NAME`)"
+    return getattr(tp, "__name__", str(tp))
+
+
+def schema_rows(cls: type, prefix: str = "") -> list[tuple[str, str, str, str, str]]:
+    """(key, type, default, range, help) for every key of a config dataclass, nested sections expanded."""
+    rows = []
+    hints = _hints(cls)
+    for f in dataclasses.fields(cls):
+        if not f.init or f.name == "config":
+            continue
+        key = f"{prefix}{f.metadata.get('alias') or f.name}"
+        tp = hints[f.name]
+        inner = typing.get_args(tp)[0] if typing.get_origin(tp) is tuple and typing.get_args(tp) else None
+        nested = tp if isinstance(tp, type) and dataclasses.is_dataclass(tp) else None
+        if nested is not None:
+            if issubclass(nested, PluginSpec):  # name + the spec's own keys; the plug-in's keys: describe NAME
+                name = to_plain(f.default_factory()).get("name") if callable(f.default_factory) else None
+                rows.append(
+                    (
+                        f"{key}.name",
+                        f"{nested.PLUGIN_KIND[:-1]} name",
+                        repr(name),
+                        "",
+                        f"`sentinel list {nested.PLUGIN_KIND}`; its parameters: `sentinel describe NAME`",
+                    )
+                )
+            rows += [r for r in schema_rows(nested, f"{key}.") if r[0] != f"{key}.name"]
+            continue
+        if inner is not None and isinstance(inner, type) and dataclasses.is_dataclass(inner):
+            rows.append(
+                (
+                    key,
+                    f"list of {inner.PLUGIN_KIND[:-1] if issubclass(inner, PluginSpec) else 'items'}",
+                    "[]",
+                    "",
+                    f.metadata.get("help", ""),
+                )
+            )
+            rows += schema_rows(inner, f"{key}[].")
+            continue
+        if f.default_factory is not dataclasses.MISSING:  # type: ignore[misc]
+            default = repr(to_plain(f.default_factory()))  # type: ignore[misc]
+        else:
+            default = "(required)" if f.default is dataclasses.MISSING else repr(f.default)
+        scalar = next((a for a in (tp, *typing.get_args(tp)) if a in (int, float)), None)
+        rows.append((key, type_text(tp), default, range_text(f.metadata, scalar), f.metadata.get("help", "")))
+    return rows
 
 
 def to_plain(obj: Any) -> Any:

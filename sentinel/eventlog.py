@@ -20,6 +20,8 @@ from typing import Any
 
 import numpy as np
 
+from sentinel import strictjson
+
 
 class Table:
     """Columns of a fixed dtype that grow by doubling; `append` writes one row."""
@@ -65,6 +67,10 @@ class Table:
     def from_arrays(cls, arrays: dict[str, np.ndarray]) -> Table:
         capacity = max(1, max((len(v) for v in arrays.values()), default=1))
         t = cls({k: v.dtype for k, v in arrays.items()}, capacity=capacity)
+        # a float column not written by a row (a statistic the detector did not report for it) reads NaN, as it
+        # does in a table that grew from the start (`add_column`); without this a reloaded log (a resumed run)
+        # would fill such cells with 0
+        t._fill = {k: np.nan for k, v in arrays.items() if v.dtype.kind == "f"}
         for k, v in arrays.items():
             t._cols[k][: len(v)] = v
             t.n = len(v)
@@ -93,7 +99,6 @@ class EventLog:
         self._worker_ix: dict[str, int] = {}
         self.attacks: list[str] = []
         self.meta: dict[str, Any] = {}  # run facts the scorer needs later (malicious set, optimum, steps)
-        self._next_msg = 0
 
     # -- string tables -------------------------------------------------------------------------
     def worker_index(self, name: str) -> int:
@@ -109,10 +114,6 @@ class EventLog:
         return self.attacks.index(name)
 
     # -- writers -------------------------------------------------------------------------------
-    def next_message_id(self) -> int:
-        self._next_msg += 1
-        return self._next_msg - 1
-
     def log_message(self, msg) -> None:
         self.messages.append(
             id=msg.msg_id, step=msg.step, mb=msg.mb_idx, boundary=msg.boundary, role=int(msg.role),
@@ -151,7 +152,7 @@ class EventLog:
         arrays = {f"{t}.{k}": v for t in self.TABLES for k, v in getattr(self, t).as_arrays().items()}
         np.savez_compressed(out_dir / "events.npz", **arrays)
         (out_dir / "events.json").write_text(
-            json.dumps({"workers": self.workers, "attacks": self.attacks, "meta": self.meta}, indent=1)
+            strictjson.dumps({"workers": self.workers, "attacks": self.attacks, "meta": self.meta}, indent=1)
         )
 
     @classmethod
@@ -168,8 +169,36 @@ class EventLog:
             log.worker_index(w)
         log.attacks = list(names["attacks"])
         log.meta = dict(names.get("meta", {}))
-        log._next_msg = len(log.messages)
         return log
+
+    # -- one canonical order -------------------------------------------------------------------
+    def canonicalize(self) -> EventLog:
+        """Rows in an order that does not depend on who logged them when (in place; returns self).
+
+        Messages and verdicts by message id (canonical ids: by step, microbatch, hop along the path); ground
+        truth by step, then pipeline messages by id, then DP-sync rows by (stage, worker); losses by (step, mb);
+        attack names re-indexed by first appearance. A sim run and a distributed run of the same scenario (whose
+        processes each log their part) then give identical logs.
+        """
+        self.messages = _sorted(self.messages, np.lexsort((self.messages["id"],)))
+        self.verdicts = _sorted(self.verdicts, np.lexsort((self.verdicts["msg"],)), columns_sorted=True)
+        g = self.ground_truth
+        dp = g["msg"] < 0
+        stage = np.array([int(self.workers[w].split("r")[0][1:]) for w in g["worker"]], dtype=np.int64)
+        order = np.lexsort((g["worker"], np.where(dp, stage, 0), np.where(dp, 0, g["msg"]), dp, g["step"]))
+        self.ground_truth = _sorted(g, order)
+        names, first = [], {}
+        for a in self.ground_truth["attack"].tolist():
+            if a not in first:
+                first[a] = len(names)
+                names.append(self.attacks[a])
+        if len(self.ground_truth):
+            self.ground_truth._cols["attack"][: len(self.ground_truth)] = [first[a] for a in
+                                                                           self.ground_truth["attack"].tolist()]
+        self.attacks = names
+        self.losses = _sorted(self.losses, np.lexsort((self.losses["mb"], self.losses["step"])))
+        self.evals = _sorted(self.evals, np.lexsort((self.evals["step"],)))
+        return self
 
     def write_events_csv(self, path: Path) -> None:
         """One row per message, joined with ground truth and verdicts (for humans and pandas)."""
@@ -203,3 +232,16 @@ class EventLog:
                             self.workers[m["sender"][j]], self.workers[m["receiver"][j]], m["bytes"][j],
                             gt_attack[j], "" if np.isnan(gt_ratio[j]) else f"{gt_ratio[j]:.6g}", flagged[j],
                             *["" if np.isnan(scores[k][j]) else f"{scores[k][j]:.6g}" for k in score_cols]])
+
+
+def _sorted(table: Table, order: np.ndarray, columns_sorted: bool = False) -> Table:
+    """`table` with its rows in `order` (stable; the column schema kept; `columns_sorted`: the columns added on the
+    way, such as a detector's statistics, in name order after the fixed ones, whichever row brought them first)."""
+    arrays = table.as_arrays()
+    if columns_sorted:
+        fixed = [k for k in arrays if not k.startswith("score_")]
+        arrays = {k: arrays[k] for k in fixed + sorted(set(arrays) - set(fixed))}
+    out = Table.from_arrays({k: v[order] for k, v in arrays.items()}) if len(order) else Table(
+        {k: v.dtype for k, v in arrays.items()})
+    out._fill = {**out._fill, **table._fill}
+    return out

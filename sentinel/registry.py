@@ -125,9 +125,18 @@ class Registry:
                     "type": getattr(f.type, "__name__", str(f.type)),
                     "default": default,
                     "help": f.metadata.get("help", ""),
+                    "range": _range(f),
                 }
             )
         return {"kind": self.kind, "name": name, "doc": (cls.__doc__ or "").strip(), "params": params}
+
+
+def _range(f: dataclasses.Field) -> str:
+    """The field's documented range (sentinel/config.py rules; integers have a default bound)."""
+    from sentinel.config import range_text
+
+    is_int = f.type in (int, "int", "int | None")  # plug-in modules use string annotations
+    return range_text(f.metadata, int if is_int else None)
 
 
 def one_line(cls: type) -> str:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import fcntl
+import functools
 import hashlib
 import json
 import shutil
@@ -24,33 +25,49 @@ from pathlib import Path
 
 import yaml
 
+from attacks import build_adversary
+from attacks.validation import white_box_attacks
+from sentinel.detectors import build_defence
+from sentinel.detectors.verifier import PublishedState
+from sentinel.engine import checkpoint
+from sentinel.engine.clock import network_report
+from sentinel.engine.hooks import StepHook
 from sentinel.engine.sim import SimEngine
+from sentinel.engine.step import StepProgram, StepState
 from sentinel.errors import RunError
 from sentinel.eventlog import EventLog
 from sentinel.scenario import Scenario
 from sentinel.scoring.metrics import impact_metrics
 from sentinel.scoring.report import finish
-from sentinel.scoring.summary import build_summary, confirmation_metrics
-from sentinel.transport.clock import network_report
+from sentinel.scoring.summary import build_summary, confirmation_metrics, threshold_rule
 
 
 def build_engine(scenario: Scenario, log: EventLog | None = None) -> SimEngine:
-    """The engine with this scenario's adversary, verifier and response policy installed."""
-    from attacks import build_adversary
-    from sentinel.detectors import build_defence
-
+    """The engine with this scenario's adversary, verifiers and response policy installed."""
     engine = SimEngine(scenario, log)
-    engine.transport.adversary = build_adversary(scenario, engine)
-    engine.transport.verifier, engine.transport.responder = build_defence(scenario, engine.mesh, engine.recompute)
-    view = getattr(engine.transport.verifier, "detector_view", None)  # read-only, for white-box attacks
-    if callable(view) and hasattr(engine.transport.adversary, "attach_detector_view"):
-        engine.transport.adversary.attach_detector_view(view())
+    adversary = build_adversary(scenario, engine)
+    engine.set_adversary(adversary)
+    verifiers, responder = build_defence(scenario, engine.mesh, engine.recompute, engine.relay.inflight)
+    engine.install_defence(verifiers, responder)
+    if verifiers and adversary is not None and white_box_attacks(scenario):  # read-only, for white-box attacks
+        published = PublishedState(scenario)
+        adversary.attach_detector_view(published.view())
+        engine.hooks.insert(0, Publish(published, verifiers))
     return engine
 
 
-def malicious_workers(engine: SimEngine) -> list[str]:
-    adv = engine.transport.adversary
-    return sorted(getattr(adv, "malicious", []) or [])
+class Publish(StepHook):
+    """sim's verifiers publish their detectors' state to white-box attackers at the start of every step."""
+
+    def __init__(self, published: PublishedState, verifiers: dict):
+        self.published, self.verifiers = published, verifiers
+
+    def before_pipeline(self, engine: StepProgram, st: StepState) -> None:
+        self.published.load(PublishedState.publish({b: v.detector for b, v in self.verifiers.items()}))
+
+
+def malicious_workers(engine: StepProgram) -> list[str]:
+    return sorted(engine.adversary.malicious) if engine.adversary is not None else []
 
 
 def twin_scenario(scenario: Scenario, kind: str) -> Scenario:
@@ -94,19 +111,34 @@ class _Progress:
             self.bar.close()
 
 
-def train(scenario: Scenario, out_dir: Path | None, progress: bool | None = None, label: str = "run") -> tuple:
-    """Train one scenario; save its EventLog (also on failure). Returns (engine, result, wall_s)."""
+def train(scenario: Scenario, out_dir: Path | None, progress: bool | None = None, label: str = "run", *,
+          checkpoint_every: int = 0, resume: Path | None = None, top: Path | None = None) -> tuple:
+    """Train one scenario; save its EventLog (also on failure). Returns (engine, result, wall_s).
+
+    `checkpoint_every` N: a checkpoint every N steps and after the last under OUT_DIR/checkpoints/; `resume`: the
+    run folder (or checkpoint) of an earlier run of the same scenario, resumed from its newest complete checkpoint
+    (this job's own: `top` is the run's folder, so a twin finds its twin's checkpoints)."""
     log = EventLog()
     engine = build_engine(scenario, log)
+    if checkpoint_every:
+        checkpoint.check(engine)
+    ckpt = checkpoint.resume_point(resume, out_dir, top if top is not None else out_dir)
+    if ckpt is not None:
+        checkpoint.load(engine, ckpt)
     bar = _Progress(scenario.training.steps, label, progress)
     t0 = time.perf_counter()
+
+    def save(program) -> None:
+        if out_dir is not None and checkpoint.due(program.step, checkpoint_every, scenario.training.steps):
+            checkpoint.mark_complete(checkpoint.save(program, out_dir / "checkpoints"), program.step)
+
     try:
-        result = engine.run(on_step=bar)
+        result = engine.run(on_step=bar, on_checkpoint=save)
     except BaseException as exc:
         bar.close()
         if out_dir is not None:
             out_dir.mkdir(parents=True, exist_ok=True)
-            log.save(out_dir)
+            log.canonicalize().save(out_dir)
             (out_dir / "failure.txt").write_text(
                 f"run failed at step {engine.step}: {exc!r}\n\n{traceback.format_exc()}"
             )
@@ -117,6 +149,7 @@ def train(scenario: Scenario, out_dir: Path | None, progress: bool | None = None
             + (f" (partial EventLog and traceback saved in {out_dir})" if out_dir else "")
         ) from exc
     bar.close()
+    log.canonicalize()
     if out_dir is not None:
         out_dir.mkdir(parents=True, exist_ok=True)
         log.save(out_dir)
@@ -148,14 +181,15 @@ def run_twin(sc: Scenario, out_dir: Path, trainer, progress, label: str, cache: 
 
 
 def run(scenario: Scenario, out_dir: Path, progress: bool | None = None, backend: str = "sim", trainer=None,
-        twin_cache: Path | None = None) -> dict:
+        twin_cache: Path | None = None, checkpoint_every: int = 0, resume: Path | None = None) -> dict:
     """Run the scenario (and its twins) and write the result folder. Returns the summary.
 
-    `trainer` replaces `train` (same signature and contract); the dist backend passes its own.
-    `twin_cache`: a folder where identical twins are shared between runs (sweeps).
+    `trainer` replaces `train` (same signature and contract); the dist backend passes its own (with its own
+    checkpoint options). `twin_cache`: a folder where identical twins are shared between runs (sweeps).
+    `checkpoint_every`, `resume`: checkpoints of every job (run, twins, confirmation) and resuming from them.
     """
-    trainer = trainer or train
     out_dir = Path(out_dir)
+    trainer = trainer or functools.partial(train, checkpoint_every=checkpoint_every, resume=resume, top=out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / "scenario.yaml").write_text(yaml.safe_dump(scenario.to_dict(), sort_keys=False))
     t0 = time.perf_counter()
@@ -168,7 +202,8 @@ def run(scenario: Scenario, out_dir: Path, progress: bool | None = None, backend
     tokens_per_step = p.microbatches * sc.data.batch_size * sc.model.seq_len
     impact = impact_metrics(engine.log, twins, engine.data.optimum_loss, tokens_per_step) if twins else None
     log = engine.log
-    log.meta.update(malicious=malicious_workers(engine), optimum_loss=engine.data.optimum_loss, backend=backend)
+    log.meta.update(malicious=malicious_workers(engine), optimum_loss=engine.data.optimum_loss, backend=backend,
+                    threshold_rule=threshold_rule(scenario))  # `sentinel report` re-scores without plug-in code
     net = network_report(engine)  # {} when transport.network.enabled is false
     log.meta["transport"] = net
     summary = build_summary(
@@ -177,17 +212,16 @@ def run(scenario: Scenario, out_dir: Path, progress: bool | None = None, backend
         backend=backend,
         malicious=malicious_workers(engine),
         result=result,
-        bytes_sent=engine.transport.bytes_sent,
+        bytes_sent=engine.bytes_sent,
         wall_s=time.perf_counter() - t0,
-        detector_s=engine.transport.verifier_s,
+        detector_s=engine.verifier_s,
         optimum_loss=engine.data.optimum_loss,
         impact=impact,
         sim_time_s=net.get("sim_time_s"),
         clean=twins.get("clean"),
     )
     summary["transport"].update(net)  # simulated clock: sim_tokens_per_s, dp_bytes_sent, ... (network.py)
-    detector = getattr(engine.transport.verifier, "detector", None)
-    summary["cost"]["recomputed_messages"] = int(getattr(detector, "checked", 0))  # duplication-style detectors
+    summary["cost"]["recomputed_messages"] = engine.recomputed_messages()  # duplication-style detectors
     log.save(out_dir)
     confirm = confirm_scenario(scenario, summary)
     if confirm is not None:  # open loop: confirm the recommended threshold in closed loop

@@ -2,62 +2,66 @@
 
 Section names are a contract (see README "Scenario files"). Every key is validated before any
 worker starts; errors name the YAML path, the bad value, the rule and a fix. `--set a.b=v`
-overrides go through the same validation. Only `yaml.safe_load` is used.
+overrides go through the same validation. YAML is read by `sentinel/safeyaml.py` (safe tags only, bounded).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import os
+import stat
 from pathlib import Path
 from typing import Any, ClassVar, Literal
 
-import yaml
-
+from sentinel import safeyaml
 from sentinel.config import PluginSpec, build, set_path, spec, to_plain
 from sentinel.errors import ConfigError
+
+MAX_STEPS = 10_000_000  # steps, step counts and step offsets (a run of 10^7 steps is weeks of compute)
+MAX_WORKERS = 16_384  # stages x replicas in one mesh (the library's largest is 512)
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class ModelConfig:
     layers: int = spec(4, ge=1, le=1024, help="transformer blocks, split evenly over the stages")
     dim: int = spec(64, ge=4, le=65536, help="model width")
-    heads: int = spec(4, ge=1, help="attention heads; dim / heads must be even (rotary)")
+    heads: int = spec(4, ge=1, le=1024, help="attention heads; dim / heads must be even (rotary)")
     seq_len: int = spec(64, ge=2, le=65536, help="tokens per sequence")
-    vocab: int | None = spec(None, ge=2, help="vocabulary size; default: the data source's")
-    ffn_hidden: int | None = spec(None, ge=1, help="SwiGLU hidden width; default ~8/3 * dim")
+    vocab: int | None = spec(None, ge=2, le=2**20, help="vocabulary size; default: the data source's")
+    ffn_hidden: int | None = spec(None, ge=1, le=2**18, help="SwiGLU hidden width; default ~8/3 * dim")
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class DataConfig:
     source: Literal["synthetic", "text"] = spec("synthetic", help="seeded Markov source, or local text")
     path: str | None = spec(None, help="text file for source=text (default: Python's bundled docs)")
-    batch_size: int = spec(8, ge=1, help="sequences per microbatch")
+    batch_size: int = spec(8, ge=1, le=65536, help="sequences per microbatch")
     vocab: int = spec(64, ge=2, le=4096, help="synthetic source: number of token types")
     order: int = spec(1, ge=1, le=3, help="synthetic source: Markov order")
-    concentration: float = spec(0.1, gt=0, help="synthetic source: Dirichlet concentration of each transition row")
+    concentration: float = spec(0.1, gt=0, le=1e6, help="synthetic source: Dirichlet concentration of each transition row")
     val_fraction: float = spec(0.1, gt=0, lt=1, help="text source: held-out tail fraction")
-    val_batches: int = spec(4, ge=1, help="validation microbatches per evaluation")
+    val_batches: int = spec(4, ge=1, le=4096, help="validation microbatches per evaluation")
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class PipelineConfig:
-    stages: int = spec(4, ge=1, help="pipeline stages S")
-    replicas: int = spec(1, ge=1, help="data-parallel replicas R per stage")
-    microbatches: int = spec(4, ge=1, help="microbatches M per step")
+    stages: int = spec(4, ge=1, le=1024, help="pipeline stages S")
+    replicas: int = spec(1, ge=1, le=4096, help="data-parallel replicas R per stage")
+    microbatches: int = spec(4, ge=1, le=4096, help="microbatches M per step")
     schedule: Literal["gpipe", "1f1b"] = spec("1f1b", help="pipeline schedule")
     routing: Literal["random", "fixed"] = spec("random", help="replica choice per microbatch and stage")
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class TrainingConfig:
-    steps: int = spec(200, ge=1, help="optimizer steps")
-    lr: float = spec(3e-3, gt=0, help="peak learning rate")
+    steps: int = spec(200, ge=1, le=MAX_STEPS, help="optimizer steps")
+    lr: float = spec(3e-3, gt=0, le=10, help="peak learning rate")
     optimizer: Literal["adamw", "sgd"] = spec("adamw")
-    weight_decay: float = spec(0.0, ge=0)
+    weight_decay: float = spec(0.0, ge=0, le=10)
     momentum: float = spec(0.9, ge=0, lt=1, help="sgd momentum")
-    warmup_steps: int = spec(20, ge=0, help="linear learning-rate warm-up")
+    warmup_steps: int = spec(20, ge=0, le=MAX_STEPS, help="linear learning-rate warm-up")
     lr_schedule: Literal["cosine", "constant"] = spec("cosine")
-    eval_every: int = spec(50, ge=1, help="validation every n steps (and at the end)")
+    eval_every: int = spec(50, ge=1, le=MAX_STEPS, help="validation every n steps (and at the end)")
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -70,7 +74,7 @@ class DPCompressionConfig:
     """Compression of the gradients replicas exchange in `sync: allreduce` (sentinel/engine/dp_compress.py)."""
 
     method: Literal["none", "low_rank", "topk"] = spec("none", help="PowerSGD-style low rank, or top-k")
-    rank: int = spec(4, ge=1, help="low_rank: rank r of each weight matrix's approximation")
+    rank: int = spec(4, ge=1, le=4096, help="low_rank: rank r of each weight matrix's approximation")
     fraction: float = spec(0.01, gt=0, le=1, help="topk: kept fraction of the gradient entries")
     error_feedback: bool = spec(True, help="add back what compression dropped last step (per replica)")
 
@@ -79,9 +83,9 @@ class DPCompressionConfig:
 class SparseAvgConfig:
     """AsyncMesh sparse averaging for `sync: sparse_avg` (sentinel/engine/sparse_avg.py)."""
 
-    every: int = spec(20, ge=1, help="average every H local steps")
+    every: int = spec(20, ge=1, le=MAX_STEPS, help="average every H local steps")
     fraction: float = spec(0.05, gt=0, le=1, help="fraction of each stage's parameters averaged per round (rotating)")
-    delay: int = spec(0, ge=0, help="steps between taking the average and applying it")
+    delay: int = spec(0, ge=0, le=1000, help="steps between taking the average and applying it")
     correction: Literal["delta", "ema", "none"] = spec("delta", help="how a delayed average is applied")
     ema: float = spec(0.5, gt=0, le=1, help="correction ema: pull strength toward the average")
 
@@ -105,18 +109,18 @@ class NetworkConfig:
 
     enabled: bool = spec(True, help="run the simulated clock (fills transport.sim_time_s)")
     preset: Literal["uniform", "heterogeneous", "geo_clustered"] = spec("uniform")
-    bandwidth_mbps: float = spec(200.0, gt=0, help="link bandwidth (heterogeneous: median; geo: between regions)")
-    latency_ms: float = spec(50.0, ge=0, help="one-way link latency (geo: between regions)")
-    jitter_ms: float = spec(0.0, ge=0, help="extra per-message latency |N(0, jitter)|")
+    bandwidth_mbps: float = spec(200.0, gt=0, le=1e9, help="link bandwidth (heterogeneous: median; geo: between regions)")
+    latency_ms: float = spec(50.0, ge=0, le=1e7, help="one-way link latency (geo: between regions)")
+    jitter_ms: float = spec(0.0, ge=0, le=1e7, help="extra per-message latency |N(0, jitter)|")
     reorder: bool = spec(False, help="links are not FIFO: a jittered message may overtake an earlier one")
-    spread: float = spec(0.5, ge=0, help="heterogeneous: log-normal sigma of per-worker bandwidth and latency")
-    regions: int = spec(3, ge=1, help="geo_clustered: number of regions")
-    intra_bandwidth_mbps: float = spec(1000.0, gt=0, help="geo_clustered: bandwidth inside a region")
-    intra_latency_ms: float = spec(5.0, ge=0, help="geo_clustered: latency inside a region")
+    spread: float = spec(0.5, ge=0, le=10, help="heterogeneous: log-normal sigma of per-worker bandwidth and latency")
+    regions: int = spec(3, ge=1, le=1024, help="geo_clustered: number of regions")
+    intra_bandwidth_mbps: float = spec(1000.0, gt=0, le=1e9, help="geo_clustered: bandwidth inside a region")
+    intra_latency_ms: float = spec(5.0, ge=0, le=1e7, help="geo_clustered: latency inside a region")
     compute: Literal["modelled", "measured"] = spec("modelled", help="action time from FLOPs, or measured wall time")
-    tflops: float = spec(100.0, gt=0, help="modelled: effective TFLOP/s of a worker")
+    tflops: float = spec(100.0, gt=0, le=1e6, help="modelled: effective TFLOP/s of a worker")
     stragglers: float = spec(0.0, ge=0, le=1, help="fraction of workers that compute slowly (seeded choice)")
-    straggler_slowdown: float = spec(3.0, ge=1, help="a straggler's compute time multiplier")
+    straggler_slowdown: float = spec(3.0, ge=1, le=1e6, help="a straggler's compute time multiplier")
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -148,10 +152,10 @@ class AttackSpec(PluginSpec):
     role: Literal["activation", "gradient", "both", "dp_gradient"] = spec("activation")
     placement: Literal["pre_codec", "post_codec"] = spec("pre_codec")
     workers: tuple[str, ...] = spec((), help="malicious workers that run it (default: all malicious)")
-    start: int = spec(0, ge=0, help="first step it acts on")
-    stop: int | None = spec(None, ge=0, help="first step it no longer acts on")
-    every: int = spec(1, ge=1, help="acts on steps where (step - start) % every < duty")
-    duty: int = spec(1, ge=1)
+    start: int = spec(0, ge=0, le=MAX_STEPS, help="first step it acts on")
+    stop: int | None = spec(None, ge=0, le=MAX_STEPS, help="first step it no longer acts on")
+    every: int = spec(1, ge=1, le=MAX_STEPS, help="acts on steps where (step - start) % every < duty")
+    duty: int = spec(1, ge=1, le=MAX_STEPS)
     prob: float = spec(1.0, ge=0, le=1, help="probability it acts on a given message")
 
 
@@ -177,10 +181,10 @@ class DetectorSpec(PluginSpec):
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class ResponseConfig:
     on_flag: Literal["drop", "substitute", "accept"] = spec("drop")
-    ban_after: int = spec(1, ge=1, help="strikes before a worker is banned")
+    ban_after: int = spec(1, ge=1, le=MAX_STEPS, help="strikes before a worker is banned")
     replace_banned: bool = spec(False, help="a banned worker is replaced by a fresh honest replica")
-    strike_window: int | None = spec(50, ge=1, help="count strikes over the last n steps only (null: ever)")
-    rejoin_after: int | None = spec(None, ge=1, help="a banned worker returns under a new id n steps later (Sybil)")
+    strike_window: int | None = spec(50, ge=1, le=MAX_STEPS, help="count strikes over the last n steps only (null: ever)")
+    rejoin_after: int | None = spec(None, ge=1, le=MAX_STEPS, help="a banned worker returns under a new id n steps later (Sybil)")
     attribution: Literal["route", "sender"] = spec(
         "route", help="a flag strikes every worker on the microbatch's route up to it, or only its sender")
     ban_pvalue: float = spec(1e-5, gt=0, le=1, help="peer test (sentinel/response.py): ban only if P(this much "
@@ -214,7 +218,7 @@ class SweepConfig:
 class Scenario:
     name: str = spec("unnamed")
     description: str = spec("")
-    seed: int = spec(0, ge=0, help="the one seed every random choice derives from")
+    seed: int = spec(0, ge=0, le=2**63 - 1, help="the one seed every random choice derives from")
     model: ModelConfig = dataclasses.field(default_factory=ModelConfig)
     data: DataConfig = dataclasses.field(default_factory=DataConfig)
     pipeline: PipelineConfig = dataclasses.field(default_factory=PipelineConfig)
@@ -280,12 +284,43 @@ def _model_shape(sc: Scenario) -> list[tuple[str, str]]:
 
 @cross_check
 def _data_path(sc: Scenario) -> list[tuple[str, str]]:
+    """The text file exists, is readable and holds a sequence for each split (the rule TextSource applies)."""
     d = sc.data
     if d.path is not None and d.source != "text":
         return [("data.path", "only used with data.source: text")]
-    if d.path is not None and not Path(d.path).is_file():
+    if d.path is None:
+        return []
+    try:
+        st = os.stat(d.path)
+        if stat.S_ISDIR(st.st_mode) or not stat.S_ISREG(st.st_mode):
+            kind = "a folder" if stat.S_ISDIR(st.st_mode) else "not a regular file"
+            return [("data.path", f"{d.path!r} is {kind}; give a text file")]
+        with open(d.path, "rb") as f:
+            f.read(1)
+    except FileNotFoundError:
         return [("data.path", f"file not found: {d.path!r}")]
+    except (OSError, ValueError) as exc:  # permission, a name too long, a NUL byte
+        return [("data.path", f"cannot read {d.path!r}: {getattr(exc, 'strerror', None) or exc}")]
+    train = int(st.st_size * (1 - d.val_fraction))
+    need = sc.model.seq_len + 2
+    if min(train, st.st_size - train) < need:
+        return [("data.path", f"{d.path!r} has {st.st_size:,} bytes: its training ({train:,}) and validation "
+                 f"({st.st_size - train:,}) splits (data.val_fraction {d.val_fraction}) each need model.seq_len + 2 "
+                 f"= {need} bytes; use a longer file, a smaller model.seq_len or another data.val_fraction")]
     return []
+
+
+@cross_check
+def _mesh_and_name(sc: Scenario) -> list[tuple[str, str]]:
+    """The mesh size bound, and a name that can label a result folder and a terminal line."""
+    out = []
+    if sc.num_workers > MAX_WORKERS:
+        out.append(("pipeline.replicas", f"{sc.pipeline.stages} stages x {sc.pipeline.replicas} replicas = "
+                    f"{sc.num_workers:,} workers; at most {MAX_WORKERS:,}: lower pipeline.replicas or pipeline.stages"))
+    if len(sc.name) > 200 or any(not ch.isprintable() for ch in sc.name):
+        shown = repr(sc.name) if len(sc.name) <= 40 else f"{sc.name[:40]!r}... ({len(sc.name)} characters)"
+        out.append(("name", f"{shown}: at most 200 printable characters (it names the result folder)"))
+    return out
 
 
 @cross_check
@@ -368,32 +403,21 @@ def _apply_overrides(data: dict[str, Any], overrides: list[str] | tuple[str, ...
     data = copy.deepcopy(data)
     for item in overrides:
         if "=" not in item:
-            raise ConfigError(f"--set {item}: expected KEY=VALUE, e.g. --set training.steps=50")
+            raise ConfigError(f"--set {item[:80]}: expected KEY=VALUE, e.g. --set training.steps=50")
         key, raw = item.split("=", 1)
+        if len(key) > 200 or key.count(".") + key.count("[") > 16:
+            raise ConfigError(f"--set {key[:80]}: a key path of at most 200 characters and 16 levels, e.g. a.b[0].c")
         try:
-            value = yaml.safe_load(raw) if raw.strip() else ""
-        except yaml.YAMLError as exc:
-            raise ConfigError(f"--set {key}: value {raw!r} is not valid YAML ({exc.__class__.__name__})") from None
+            value = safeyaml.loads(raw, f"--set {key.strip()}") if raw.strip() else ""
+        except safeyaml.YAMLProblem as exc:
+            raise ConfigError(f"--set {key.strip()}: value {raw[:80]!r} is not valid YAML ({exc.detail})") from None
         set_path(data, key.strip(), value)
     return data
 
 
 def load(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -> Scenario:
-    """Read and validate a scenario file."""
-    path = Path(path)
-    if not path.is_file():
-        raise ConfigError(f"{path}: scenario file not found")
-    try:
-        text = path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
-        raise ConfigError(f"{path}: cannot read scenario file ({exc})") from None
-    try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f" line {mark.line + 1}, column {mark.column + 1}" if mark else ""
-        problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
-        raise ConfigError(f"{path}:{where}: malformed YAML: {problem}") from None
+    """Read and validate a scenario file (bounded, duplicate-free YAML: sentinel/safeyaml.py)."""
+    data = safeyaml.load_file(path)
     try:
         return validate(data, overrides)
     except ConfigError as exc:

@@ -7,7 +7,7 @@
     toploc          top-k commitments audited by sampled recomputation         (toploc.py)
     river_adwin, river_page_hinkley, river_kswin   river's drift detectors on SENTINEL's statistics (drift.py)
 
-`build_defence(scenario, mesh, recompute)` returns the (verifier, responder) pair the runner installs on the
+`build_defence(scenario, mesh, recompute, inputs)` returns the (verifiers, responder) pair the runner installs on the
 transport (verifier.py, sentinel/response.py).
 """
 
@@ -28,13 +28,14 @@ from sentinel.detectors import drift, recompute, scalar, stagewise, toploc  # no
 __all__ = ["Detector", "DetectorEnv", "Verdict", "NoDetector"]
 
 
-def build_defence(scenario, mesh, recompute_hook=None):
-    """(verifier, responder) for this scenario; (None, None) when the detector is `none`.
+def build_defence(scenario, mesh, recompute_hook=None, inputs=None):
+    """(verifiers, responder) for this scenario: one verifier per boundary; ({}, None) when the detector is `none`.
 
-    `mesh` is the response policy's MeshControl; `recompute_hook` the backend's trusted recomputation hook, if any.
+    `mesh` is the response policy's MeshControl; `recompute_hook` the backend's trusted recomputation, if any;
+    `inputs` what the sender of the message being judged received (`sentinel.transport.relay.InFlight`).
     """
     if scenario.detector.name == "none":
-        return None, None
+        return {}, None
     from sentinel.detectors.verifier import build
 
-    return build(scenario, mesh, recompute_hook)
+    return build(scenario, mesh, recompute_hook, inputs)

@@ -9,62 +9,14 @@ verdict is recorded but never acted on, so one run yields a whole ROC curve.
 from __future__ import annotations
 
 import dataclasses
-import enum
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 
 import torch
 
 from sentinel.transport.message import Message
+from sentinel.transport.verdict import CERTAIN_MARKERS, Marker, Verdict
 
-
-class Marker(str, enum.Enum):
-    """What a verdict says beyond its statistics (typed; logged as `score_<marker> = 1` columns).
-
-    Certain evidence (a payload no honest worker sends) is INTEGRITY, REPLAY, WIRE_REJECT and CERTAIN.
-    """
-
-    PAUSED = "paused"  # not judged: downstream of a flag in its microbatch this step
-    INTEGRITY = "integrity"  # NaN / Inf, a non-float dtype or the wrong shape
-    REPLAY = "replay"  # a tensor the verifier has already relayed
-    WIRE_REJECT = "wire_reject"  # a frame the receiver could not consume (distributed backend)
-    CERTAIN = "certain"  # a proof other than the above (e.g. a mismatch with a trusted recomputation)
-    OUTLIER = "outlier"  # accepted, but beyond the inner fence: soft evidence, not learned
-    SHIFT = "shift"  # beyond the fence but accepted as an honest-majority drift of the whole stage
-
-
-CERTAIN_MARKERS = frozenset({Marker.INTEGRITY, Marker.REPLAY, Marker.WIRE_REJECT, Marker.CERTAIN})
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class Verdict:
-    """A verifier's decision on one message.
-
-    Attributes:
-        scores: the detector's continuous statistics (larger = more anomalous); markers are not scores.
-        flagged: whether the message is judged malicious.
-        markers: typed facts about the verdict (`Marker`).
-        pvalue: the message's tail probability under the stream's honest traffic (all statistics combined),
-            the per-message evidence sequential tests accumulate; None where the detector gives none.
-        relation_pvalue: the part of that evidence which only the sender's own computation explains (how its
-            output relates to the input it received): unlike pooled statistics, upstream corruption does not
-            move it. None where there is none.
-    """
-
-    scores: Mapping[str, float]
-    flagged: bool
-    markers: frozenset[Marker] = frozenset()
-    pvalue: float | None = None
-    relation_pvalue: float | None = None
-
-    @property
-    def certain(self) -> bool:
-        """Flagged on certain evidence (no honest worker sends such a payload)."""
-        return self.flagged and not CERTAIN_MARKERS.isdisjoint(self.markers)
-
-    @property
-    def judged(self) -> bool:
-        """False for a message whose checks were paused (downstream of a flag in its microbatch)."""
-        return Marker.PAUSED not in self.markers
+__all__ = ["CERTAIN_MARKERS", "Detector", "DetectorEnv", "Marker", "Verdict"]
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -80,10 +32,10 @@ class DetectorEnv:
         live_replicas: `live_replicas(stage_idx) -> list[str]`, the live worker ids of a stage.
         substitutes: whether the response policy may ask `substitute` for a stand-in (closed loop with
             `on_flag: substitute`); when it may not, a detector need not keep one.
-        sender_inputs: trusted hook `sender_inputs(msg) -> (x_in, grad_in) | None`: what the sender of `msg`
-            received for that microbatch, as the verifiers relayed it -- its input activation (token ids on
-            the first stage) and, for a backward message, the gradient it received (None on the last stage).
-            None (the hook, or its answer) where the backend offers none.
+        sender_inputs: `sender_inputs(msg) -> SenderInputs | None`: what the sender of the message being judged
+            received for its microbatch (token ids or the activation delivered to it; for a backward message the
+            gradient delivered to it), as the verifiers relayed it (so not ground truth). None where the backend
+            offers none; the hook returns None for any message but the one being judged.
     """
 
     num_stages: int = 1
@@ -91,11 +43,21 @@ class DetectorEnv:
     recompute: Callable[..., torch.Tensor | None] | None = None
     live_replicas: Callable[[int], list[str]] | None = None
     substitutes: bool = True
-    sender_inputs: Callable[[Message], tuple[torch.Tensor | None, torch.Tensor | None] | None] | None = None
+    sender_inputs: Callable | None = None
 
 
 class Detector:
-    """Base class: subclasses define a frozen `Config` and `observe`."""
+    """Base class: subclasses define a frozen `Config` and `observe`.
+
+    Class attributes a detector may set: `checks_payload` (it checks NaN / Inf and replays itself, from a full
+    pass it makes anyway: the Verifier then checks only dtype and shape), `wants_inputs` (it reads
+    `DetectorEnv.sender_inputs`: the distributed backend then forwards what senders received between
+    verifiers). `checked` counts the messages it recomputed (duplication-style detectors).
+    """
+
+    checks_payload: bool = False
+    wants_inputs: bool = False
+    checked: int = 0
 
     @dataclasses.dataclass(frozen=True, kw_only=True)
     class Config:
@@ -130,4 +92,8 @@ class Detector:
 
     def public_state(self) -> dict:
         """Read-only view a white-box adversary may inspect (thresholds, baselines)."""
+        return {}
+
+    def thresholds(self, boundary: int, role) -> dict[str, float]:
+        """The values each statistic must not exceed now (public: a white-box adversary may read them)."""
         return {}

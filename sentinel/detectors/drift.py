@@ -57,6 +57,7 @@ class _RiverDrift(Detector):
     """Shared loop: SENTINEL's statistics -> one river drift detector per (stream, sender, statistic)."""
 
     KIND = ""
+    wants_inputs = True  # the inner SENTINEL's relation statistics read what each sender received
 
     @dataclasses.dataclass(frozen=True, kw_only=True)
     class Config:
@@ -120,6 +121,9 @@ class _RiverDrift(Detector):
 
     def substitute(self, msg: Message):
         return self.inner.substitute(msg)
+
+    def thresholds(self, boundary: int, role) -> dict[str, float]:
+        return {}  # a drift test has no per-message threshold a white-box sender could read
 
     def public_state(self) -> dict:
         return {"config": dataclasses.asdict(self.config), "detectors": len(self._detectors)}

@@ -50,15 +50,20 @@ class Duplication(Detector):
     class Config:
         tol: float = spec(1e-4, gt=0, help="relative L2 error tolerated between a message and its recomputation")
 
+    wants_inputs = True  # the distributed backend forwards what the sender received (the recomputation's input)
+
     def __init__(self, config=None, *, seed: int = 0, env=None):
         super().__init__(config, seed=seed, env=env)
-        self._rng = np.random.default_rng([seed, 0xD0B])
         self._last: tuple[int, torch.Tensor] | None = None  # (msg_id, recomputation) for `substitute`
         self.checked = 0
 
     def _checker(self, msg: Message) -> str | None | bool:
         """Which replica recomputes: None = the sender's module (trusted party); False = skip."""
         return None
+
+    def _rng(self, msg: Message) -> np.random.Generator:
+        """This message's own draws (seeded by its identity): a boundary's two streams never share a sequence."""
+        return np.random.default_rng([self.seed, 0xD0B, msg.step, msg.mb_idx, msg.boundary, int(msg.role)])
 
     def observe(self, msg: Message) -> Verdict:
         worker = self._checker(msg)
@@ -99,7 +104,7 @@ class SpotCheck(Duplication):
         p: float = spec(0.1, gt=0, le=1, help="fraction of messages recomputed")
 
     def _checker(self, msg: Message) -> str | None | bool:
-        return None if self._rng.random() < self.config.p else False
+        return None if self._rng(msg).random() < self.config.p else False
 
 
 @DETECTORS.register("cross_replica")
@@ -112,10 +117,11 @@ class CrossReplica(Duplication):
         p: float = spec(0.1, gt=0, le=1, help="fraction of messages duplicated on a second replica")
 
     def _checker(self, msg: Message) -> str | None | bool:
-        if self._rng.random() >= self.config.p or self.env.live_replicas is None:
+        rng = self._rng(msg)
+        if rng.random() >= self.config.p or self.env.live_replicas is None:
             return False
         stage = msg.boundary if msg.role == 0 else msg.boundary + 1  # activations go b -> b+1
         others = [w for w in self.env.live_replicas(stage) if w != msg.sender]
         if not others:
             return False
-        return others[int(self._rng.integers(len(others)))]
+        return others[int(rng.integers(len(others)))]

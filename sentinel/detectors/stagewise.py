@@ -145,6 +145,7 @@ class Sentinel(Detector):
     """
 
     checks_payload = True  # NaN / Inf and replays are checked here, from the signature (see verifier.py)
+    wants_inputs = True  # the relation statistics read what each sender received (DetectorEnv.sender_inputs)
 
     @dataclasses.dataclass(frozen=True, kw_only=True)
     class Config:

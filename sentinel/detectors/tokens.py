@@ -132,11 +132,9 @@ class IdRelation:
 
 
 def reference_of(env, msg) -> torch.Tensor | None:
-    """What the sender of `msg` received that its output should match token by token: the input activation
-    (forward) or the received gradient (backward); None where the backend offers no `sender_inputs`."""
-    hook = getattr(env, "sender_inputs", None)
-    got = hook(msg) if hook is not None else None
+    """What the sender of `msg` received that its output should match token by token: the input activation or
+    token ids (forward), the received gradient (backward); None where the backend offers no `sender_inputs`."""
+    got = env.sender_inputs(msg) if env.sender_inputs is not None else None
     if got is None:
         return None
-    x_in, grad_in = got
-    return x_in if int(msg.role) == 0 else grad_in
+    return got.x if int(msg.role) == 0 else got.grad

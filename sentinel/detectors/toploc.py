@@ -56,7 +56,7 @@ class TopLoc(Duplication):
     def observe(self, msg: Message) -> Verdict:
         pos, val = commitment(msg.payload, self.config.k)  # what the sender committed to (sent with the message)
         self.commitment_bytes += 8 * len(pos)  # int32 position + float32 value per entry
-        if self._rng.random() >= self.config.p or self.env.recompute is None:
+        if self._rng(msg).random() >= self.config.p or self.env.recompute is None:
             return UNCHECKED
         ref = self.env.recompute(msg, None)
         if ref is None:

@@ -13,7 +13,7 @@ import sys
 import traceback
 from pathlib import Path
 
-from sentinel.distributed.driver import relay_trainer, worker_loop, write_exit
+from sentinel.distributed.driver import trainer, worker_loop, write_exit
 from sentinel.distributed.faults import parse_faults
 from sentinel.distributed.runtime import Options, Runtime, check_supported
 from sentinel.errors import ConfigError, SentinelError
@@ -35,6 +35,8 @@ def make_parser() -> argparse.ArgumentParser:
     p.add_argument("--fault", action="append", default=[], metavar="KIND:WORKER:STEP", help="inject a fault")
     p.add_argument("--device", choices=["cpu", "cuda", "auto"], default="cpu")
     p.add_argument("--backend", choices=["auto", "gloo", "nccl"], default="auto")
+    p.add_argument("--verifiers", type=int, default=None, metavar="V",
+                   help="verifier processes (default: one per stage boundary, as --nproc allows)")
     p.add_argument("--quiet", action="store_true")
     return p
 
@@ -44,7 +46,7 @@ def options_from(args: argparse.Namespace) -> Options:
         raise ConfigError("--timeout must be > 0 and --checkpoint-every >= 0")
     parse_faults(args.fault)
     return Options(timeout_s=args.timeout, checkpoint_every=args.checkpoint_every, resume=args.resume,
-                   faults=tuple(args.fault), device=args.device, backend=args.backend)
+                   faults=tuple(args.fault), device=args.device, backend=args.backend, verifiers=args.verifiers)
 
 
 def _rank0(args: argparse.Namespace, rt: Runtime, top: Path) -> None:
@@ -57,7 +59,7 @@ def _rank0(args: argparse.Namespace, rt: Runtime, top: Path) -> None:
             for rank, what in rt_map(sc, rt):
                 print(f"[dist] rank {rank}: {what}", flush=True)
         summary = runner.run(sc, top, progress=False if args.quiet else None, backend="dist",
-                             trainer=relay_trainer(rt, top))
+                             trainer=trainer(rt, top))
         t = summary["training"]
         if os.environ.get("SENTINEL_DIST_LAUNCHED") != "1":  # `sentinel run` prints this line itself
             print(f"{sc.name}: val loss {t['initial_val_loss']:.4f} -> {t['final_val_loss']:.4f} "
@@ -70,7 +72,7 @@ def _rank0(args: argparse.Namespace, rt: Runtime, top: Path) -> None:
 def rt_map(sc, rt: Runtime) -> list[tuple[int, str]]:
     from sentinel.distributed.mapping import RankMap
 
-    return RankMap(sc.pipeline.stages, sc.pipeline.replicas, rt.world).table()
+    return RankMap(sc.pipeline.stages, sc.pipeline.replicas, rt.world, rt.options.verifiers).table()
 
 
 def main(argv: list[str] | None = None) -> int:

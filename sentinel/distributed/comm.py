@@ -1,20 +1,26 @@
-"""Point-to-point plumbing over torch.distributed: sends that never block, receives that time out.
+"""Point-to-point plumbing over torch.distributed: sends that never block, frames read by one thread per peer.
 
-Sends are `isend`s kept alive until they complete (a rank never blocks on a send, so two ranks that
-both send first cannot deadlock); receives are `irecv(...).wait(timeout)`, so a peer that stalls is
-reported after `timeout_s` naming the peer and what was awaited, and a peer that died is reported as
-soon as its connection drops. Tensors travel on `comm_device` (CPU for gloo, the rank's GPU for NCCL)
-and are handed back on the compute `device`.
+Sends are `isend`s kept alive until they complete (a rank never blocks on a send, so two ranks that both send
+first cannot deadlock). Receives of frames (sentinel/distributed/wire.py) run in one reader thread per peer,
+which reads that peer's frames in the order they were sent (header, then exactly the body it announces) into
+one queue; the main thread takes frames from the queue and waits at most `timeout_s` for the next one, so a
+peer that stalls is reported naming who was awaited, and a peer that died is reported as soon as its
+connection drops. Everything travels as CPU tensors on a dedicated gloo group (verifiers are CPU relays;
+on GPUs only the DP sync uses NCCL).
 """
 
 from __future__ import annotations
 
 import datetime
+import queue
+import threading
 import time
+from collections.abc import Callable
 
 import torch
 import torch.distributed as dist
 
+from sentinel.distributed import wire as W
 from sentinel.errors import RunError
 
 
@@ -36,46 +42,131 @@ def describe_failure(exc: BaseException) -> str:
 
 
 class Comm:
-    """This rank's end of the p2p links.
+    """This rank's end of the point-to-point links: frames on `frames_group` (read by the reader threads), everything
+    else (evaluation weights, replica states, step-end data, log parts) on `group`; both gloo groups of every rank,
+    so a reader thread never takes a message meant for the main thread."""
 
-    Args:
-        rank: this process's rank.
-        timeout_s: how long one receive may wait before its peer counts as stalled.
-        describe: rank -> human description ('rank 2 (workers s1r0, s1r1)') for error messages.
-        device: where received tensors are handed back; comm_device: where they travel.
-    """
-
-    def __init__(self, rank: int, timeout_s: float, describe, device: torch.device, comm_device: torch.device):
-        self.rank, self.timeout_s, self.describe = rank, timeout_s, describe
-        self.device, self.comm_device = device, comm_device
+    def __init__(self, rank: int, timeout_s: float, describe: Callable[[int], str], group=None, frames_group=None):
+        self.rank, self.timeout_s, self.describe, self.group = rank, timeout_s, describe, group
+        self.frames_group = frames_group
         self._pending: list[tuple[dist.Work, torch.Tensor]] = []
-        self.wait_s = 0.0  # time spent blocked in receives (cost accounting)
+        self._lock = threading.Lock()
+        self.wait_s = 0.0  # time the main thread spent blocked waiting for peers (cost accounting)
 
-    def send(self, tensor: torch.Tensor, dst: int) -> None:
-        t = tensor.detach().to(self.comm_device).contiguous()
-        self._pending.append((dist.isend(t, dst), t))
-        if len(self._pending) > 64:
-            self._pending = [(w, t) for w, t in self._pending if not w.is_completed()]
+    def send(self, tensor: torch.Tensor, dst: int, group=None) -> None:
+        t = tensor.detach().cpu().contiguous()
+        with self._lock:
+            self._pending.append((dist.isend(t, dst, group=group or self.group), t))
+            if len(self._pending) > 64:
+                self._pending = [(w, t) for w, t in self._pending if not w.is_completed()]
 
-    def recv(self, shape: tuple[int, ...], dtype: torch.dtype, src: int, what: str,
-             device: torch.device | None = None) -> torch.Tensor:
-        """Receive exactly `shape`/`dtype` from `src` (announced in a header before), onto `device` (default: compute)."""
-        device = device or self.device
-        buf = torch.empty(shape, dtype=dtype, device=self.comm_device)
+    def send_frame(self, dst: int, head: torch.Tensor, body: torch.Tensor | None = None) -> None:
+        self.send(head, dst, self.frames_group)
+        if body is None:
+            return
+        if body.dtype == torch.uint8:
+            for piece in W.split_body(body):
+                self.send(piece, dst, self.frames_group)
+        else:
+            self.send(body, dst, self.frames_group)
+
+    def recv(self, shape: tuple[int, ...], dtype: torch.dtype, src: int, what: str) -> torch.Tensor:
+        """Receive exactly `shape`/`dtype` from `src` (announced before), waiting at most `timeout_s`."""
+        buf = torch.empty(shape, dtype=dtype)
         if buf.numel() == 0:
-            return buf.to(device)
+            return buf
         t0 = time.perf_counter()
         try:
-            dist.irecv(buf, src).wait(datetime.timedelta(seconds=self.timeout_s))
+            dist.irecv(buf, src, group=self.group).wait(datetime.timedelta(seconds=self.timeout_s))
         except RuntimeError as exc:
             raise PeerFault(src, f"{self.describe(src)} {describe_failure(exc)} while rank {self.rank} "
                                  f"waited for {what} (timeout {self.timeout_s:g} s)") from exc
         finally:
             self.wait_s += time.perf_counter() - t0
-        return buf.to(device)
+        return buf
 
     def flush(self) -> None:
-        """Wait for every send of this rank to complete (the peers consume all of them within a step)."""
-        for w, _ in self._pending:
+        """Wait for every send of this rank to complete (the peers consume all of them)."""
+        with self._lock:
+            pending, self._pending = self._pending, []
+        for w, _ in pending:
             w.wait(datetime.timedelta(seconds=self.timeout_s))
-        self._pending.clear()
+
+
+class Frames:
+    """Frames from a set of peers, one reader thread each, in one queue (see the module docstring).
+
+    `get(what)` returns (src, header as a list of ints, body tensor | None); a MSG body over `limit` bytes is
+    drained and returned as None (the relay refuses it); a peer's END frame ends its reader.
+    """
+
+    def __init__(self, comm: Comm, peers: list[int], payload_shape: tuple[int, ...], limit: int):
+        self.comm, self.shape, self.limit = comm, tuple(payload_shape), limit
+        self.q: queue.Queue = queue.Queue()
+        self.open = set(peers)
+        self.heard = {p: time.monotonic() for p in peers}  # when each peer's latest frame arrived
+        self.threads = [threading.Thread(target=self._read, args=(p,), daemon=True, name=f"frames<-{p}")
+                        for p in peers]
+        for t in self.threads:
+            t.start()
+
+    def _recv(self, shape, dtype, src: int) -> torch.Tensor:
+        buf = torch.empty(shape, dtype=dtype)
+        if buf.numel():
+            dist.irecv(buf, src, group=self.comm.frames_group).wait(datetime.timedelta(hours=24))
+        return buf
+
+    def _read(self, src: int) -> None:
+        try:
+            while True:
+                h = self._recv((W.HEADER_LEN,), torch.int64, src).tolist()
+                if h[0] != W.MAGIC or h[1] not in (W.MSG, W.SKIP, W.DELIVER, W.STATUS, W.END):
+                    self.q.put((src, None, PeerFault(src, f"{self.comm.describe(src)} broke the frame format: {h}")))
+                    return
+                body = None
+                if h[1] == W.MSG:
+                    n = h[8] + h[9]
+                    if h[8] < 0 or h[9] < 0:
+                        self.q.put((src, None, PeerFault(src, f"{self.comm.describe(src)} sent negative lengths {h}")))
+                        return
+                    body = W.recv_body(_Reader(self, src), src, n, self.limit, "a message body")
+                elif (h[1] == W.DELIVER and not h[6]) or (h[1] == W.STATUS and h[7]):
+                    body = self._recv(self.shape, torch.float32, src)
+                self.q.put((src, h, body))
+                if h[1] == W.END:
+                    return
+        except Exception as exc:  # the peer died: tell the main thread, which knows what it was waiting for
+            self.q.put((src, None, PeerFault(src, f"{self.comm.describe(src)} {describe_failure(exc)}")))
+
+    def get(self, what: Callable[[], tuple[str, list[int]]]) -> tuple[int, list[int] | None, torch.Tensor | None]:
+        """The next frame. `what()` says what is awaited and from which ranks: on a timeout, the awaited rank
+        silent for longest is the one named as stalled (the others may only be waiting on it)."""
+        t0 = time.perf_counter()
+        try:
+            src, h, body = self.q.get(timeout=self.comm.timeout_s)
+        except queue.Empty:
+            text, ranks = what()
+            now = time.monotonic()
+            quiet = min(ranks or self.heard, key=lambda r: (self.heard.get(r, 0.0), r))
+            raise PeerFault(quiet, f"{self.comm.describe(quiet)} stalled (nothing from it for "
+                                   f"{now - self.heard.get(quiet, now):.0f} s) while rank {self.comm.rank} waited for "
+                                   f"{text} (timeout {self.comm.timeout_s:g} s)") from None
+        finally:
+            self.comm.wait_s += time.perf_counter() - t0
+        if h is None:
+            raise body
+        self.heard[src] = time.monotonic()
+        if h[1] == W.END:
+            self.open.discard(src)
+        return src, h, body
+
+
+class _Reader:
+    """`wire.recv_body`'s view of a reader thread: receives on the frames' group, no timeout (the main thread
+    times out instead)."""
+
+    def __init__(self, frames: Frames, src: int):
+        self.frames = frames
+
+    def recv(self, shape, dtype, src, what, device=None) -> torch.Tensor:
+        return self.frames._recv(shape, dtype, src)

@@ -1,15 +1,15 @@
-"""The training loop of one job on every rank, the merge of the EventLog parts, and failure handling.
+"""The jobs of a distributed run on every rank: the same `StepProgram.run` loop, the EventLog merge, failures.
 
-Rank 0 runs `relay_trainer(rt)` as the runner's `trainer` (same contract as `runner.train`: returns
-(engine, result, wall_s), saves the partial EventLog and `failure.txt` and raises RunError on
-failure). Ranks 1..N-1 run `worker_loop(rt)`. Both walk the same sequence, which is `SimEngine.run`'s:
+Rank 0 runs `sentinel.runner.run` with `trainer(rt)` (same contract as `runner.train`: returns
+(program, result, wall_s), saves the partial EventLog and `failure.txt` and raises RunError on failure);
+it announces each training job (the run, its twins, the confirmation) to the other ranks, which run
+`worker_loop(rt)`. Every rank then walks the same sequence:
 
-    evaluate (step 0) -> [train_step -> evaluate when due -> checkpoint when due] x steps -> send/merge logs
+    evaluate (step 0) -> [train_step -> evaluate when due -> checkpoint when due] x steps -> log part to rank 0
 """
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import time
@@ -17,105 +17,101 @@ import traceback
 from pathlib import Path
 
 import torch
+import torch.distributed as dist
 
-from sentinel.distributed import checkpoint
+from sentinel import strictjson
 from sentinel.distributed.merge import log_from_bytes, log_to_bytes, merge
-from sentinel.distributed.relay import RelayRank
+from sentinel.distributed.program import DistProgram
 from sentinel.distributed.runtime import Runtime, check_supported
-from sentinel.distributed.worker import WorkerRank
+from sentinel.engine import checkpoint
 from sentinel.errors import RunError
 from sentinel.eventlog import EventLog
 from sentinel.scenario import Scenario, validate
 
 
-def _ckpt_due(mesh, rt: Runtime) -> bool:
+def _run_job(program: DistProgram, rt: Runtime, out_dir: Path | None, top: Path | None, on_step=None) -> dict:
+    """The training loop (`StepProgram.run`) with this run's checkpoints: each rank saves its part, all meet at a
+    barrier, rank 0 marks the checkpoint complete."""
     every = rt.options.checkpoint_every
-    return bool(every) and (mesh.step % every == 0 or mesh.step == mesh.sc.training.steps)
+    if every:
+        checkpoint.check(program)
+    ckpt = checkpoint.resume_point(rt.options.resume, out_dir, top)
+    if ckpt is not None:
+        checkpoint.load(program, ckpt, rt.rank)
 
+    def save(p: DistProgram) -> None:
+        if out_dir is not None and checkpoint.due(p.step, every, p.sc.training.steps):
+            d = checkpoint.save(p, out_dir / "checkpoints", rt.rank)
+            dist.barrier(group=rt.collectives)
+            if rt.rank == 0:
+                checkpoint.mark_complete(d, p.step)
 
-def _resume_from(rt: Runtime, out_dir: Path | None, top: Path | None) -> Path | None:
-    """The checkpoint a job resumes from: for the main run, RESUME itself (a run folder, its checkpoints
-    folder or one step folder); for a twin, RESUME/twin_<kind>/checkpoints (none: the twin starts afresh)."""
-    if rt.options.resume is None:
-        return None
-    root = Path(rt.options.resume)
-    if out_dir is not None and top is not None and Path(out_dir) != Path(top):
-        try:
-            return checkpoint.latest(root / Path(out_dir).relative_to(top) / "checkpoints")
-        except ValueError:
-            return None
-    found = checkpoint.latest(root) or checkpoint.latest(root / "checkpoints")
-    if found is None:
-        raise RunError(f"--resume {root}: no complete checkpoint there (a step-NNNNNN folder holding COMPLETE)")
-    return found
+    return program.run(on_step=on_step, on_checkpoint=save)
 
 
 # -- rank 0 --------------------------------------------------------------------------------------------
-def relay_trainer(rt: Runtime, top: Path | None):
+def trainer(rt: Runtime, top: Path | None):
     """A `runner.train`-compatible function that runs each job on the whole process group."""
-    from sentinel.runner import _Progress
+    from sentinel.runner import _Progress as Progress
 
     def train(scenario: Scenario, out_dir: Path | None, progress: bool | None = None, label: str = "run"):
         check_supported(scenario)
         out_dir = Path(out_dir) if out_dir is not None else None
         rt.announce({"scenario": scenario.to_dict(), "out": str(out_dir) if out_dir else None, "label": label})
         log = EventLog()
-        relay, bar, t0 = None, _Progress(scenario.training.steps, label, progress), time.perf_counter()
+        program, bar, t0 = None, Progress(scenario.training.steps, label, progress), time.perf_counter()
         try:
-            relay = RelayRank(scenario, rt, log)
+            program = DistProgram(scenario, rt, log)
             rt.ready()
-            result = _drive_relay(relay, rt, bar, _resume_from(rt, out_dir, top), out_dir)
-            parts = [log_from_bytes(_recv_bytes(rt, r, "its EventLog part")) for r in range(1, rt.world)]
+            result = _run_job(program, rt, out_dir, top, bar)
+            program.close()
+            parts = [(_kind(program, r), log_from_bytes(_recv_bytes(rt, r, "its EventLog part")))
+                     for r in range(1, rt.world)]
             merge(log, parts)
-            relay.rank_stats = [p.meta.get("dist", {}) for p in parts]
+            program.rank_stats = [p.meta.get("dist", {}) for _, p in parts]
         except BaseException as exc:
             bar.close()
-            _save_partial(log, out_dir, rt.rank, exc, relay.step if relay else 0)
+            _save_partial(log, out_dir, rt.rank, exc, program.step if program else 0)
             if not isinstance(exc, Exception):  # Ctrl-C, or SIGTERM from the launcher: not this run's fault
                 raise
-            raise RunError(f"run {scenario.name!r} failed at step {relay.step if relay else 0}: {exc}"
+            raise RunError(f"run {scenario.name!r} failed at step {program.step if program else 0}: {exc}"
                            + (f" (partial EventLog and traceback saved in {out_dir})" if out_dir else "")) from exc
         bar.close()
         rt.in_job = False
+        program.bytes_sent = int(log.messages["bytes"].sum())
+        program.verifier_s = sum(p.get("verifier_s", 0.0) for p in program.rank_stats) + program.relay.verifier_s
         if out_dir is not None:
             out_dir.mkdir(parents=True, exist_ok=True)
             log.save(out_dir)
-            (out_dir / "dist_timing.json").write_text(json.dumps(timing(relay, rt), indent=1))
-        return relay, result, time.perf_counter() - t0
+            (out_dir / "dist_timing.json").write_text(strictjson.dumps(timing(program, rt), indent=1))
+        return program, result, time.perf_counter() - t0
 
     return train
 
 
-def _drive_relay(relay: RelayRank, rt: Runtime, bar, ckpt: Path | None, out_dir: Path | None) -> dict:
-    t = relay.sc.training
-    plugins = {"verifier": relay.transport.verifier, "responder": relay.transport.responder}
-    if ckpt is not None:
-        state = checkpoint.load(relay, ckpt, plugins)
-        relay.transport.bytes_sent, relay.transport.verifier_s = state["bytes_sent"], state["verifier_s"]
-    else:
-        relay.log.log_eval(0, relay.evaluate())
-    t0, val = time.perf_counter(), None
-    while relay.step < t.steps:
-        loss = relay.train_step()
-        val = None
-        if relay.eval_due(relay.step):
-            val = relay.evaluate()
-            relay.log.log_eval(relay.step, val)
-        bar(relay.step, loss, val)
-        if _ckpt_due(relay, rt) and out_dir is not None:
-            checkpoint.save(relay, out_dir / "checkpoints", plugins,
-                            {"bytes_sent": relay.transport.bytes_sent, "verifier_s": relay.transport.verifier_s})
-    evals = relay.log.evals["val_loss"]
-    return {"initial_val_loss": float(evals[0]), "final_val_loss": float(val if val is not None else evals[-1]),
-            "train_wall_s": time.perf_counter() - t0}
+def _kind(program: DistProgram, rank: int) -> str:
+    return "verifier" if program.rank_map.is_verifier(rank) else "worker"
 
 
-def timing(relay: RelayRank, rt: Runtime) -> dict:
-    """Where the time went: per-step wall time (the first step is warm-up) and each rank's split."""
-    steady = relay.step_s[1:] or relay.step_s
-    return {"backend": rt.backend, "world": rt.world, "steps": len(relay.step_s),
-            "s_per_step": sum(steady) / max(1, len(steady)), "relay_wait_s": rt.comm.wait_s,
-            "relay_verifier_s": relay.transport.verifier_s, "ranks": getattr(relay, "rank_stats", [])}
+def relay_stats(program: DistProgram) -> dict:
+    """A verifier rank's messages and the seconds it spent relaying them (per-verifier throughput)."""
+    if not program.is_verifier:
+        return {}
+    return {"messages": len(program.log.messages), "relay_s": program.channel.relay_s,
+            "boundaries": program.rank_map.boundaries(program.rt.rank)}
+
+
+def timing(program: DistProgram, rt: Runtime) -> dict:
+    """Where the time went: per-step wall time (the first step is warm-up), each rank's split, and each verifier's
+    messages per second of relaying."""
+    steady = program.step_s[1:] or program.step_s
+    ranks = [{"rank": 0, "role": "verifier", "wall_s": sum(program.step_s), "wait_s": rt.comm.wait_s,
+              "verifier_s": program.relay.verifier_s, **relay_stats(program)}, *program.rank_stats]
+    verifiers = [r for r in ranks if r.get("relay_s")]
+    return {"backend": rt.dp_backend, "world": rt.world, "verifiers": program.rank_map.num_verifiers,
+            "steps": len(program.step_s), "s_per_step": sum(steady) / max(1, len(steady)),
+            "coordinator_wait_s": rt.comm.wait_s, "coordinator_verifier_s": program.relay.verifier_s,
+            "verifier_messages_per_s": [r["messages"] / r["relay_s"] for r in verifiers], "ranks": ranks}
 
 
 # -- ranks 1..N-1 --------------------------------------------------------------------------------------
@@ -124,32 +120,23 @@ def worker_loop(rt: Runtime, top: Path | None) -> None:
     while (job := rt.next_job()) is not None:
         sc = validate(job["scenario"])
         out_dir = Path(job["out"]) if job["out"] else None
-        worker = None
+        program, log = None, EventLog()
         try:
-            worker = WorkerRank(sc, rt)
+            program = DistProgram(sc, rt, log)
             rt.ready()
-            _drive_worker(worker, rt, _resume_from(rt, out_dir, top), out_dir)
-            worker.log.meta["dist"] = {"rank": rt.rank, "compute_s": worker.compute_s, "wait_s": rt.comm.wait_s}
-            _send_bytes(rt, 0, log_to_bytes(worker.log))
+            t0 = time.perf_counter()
+            _run_job(program, rt, out_dir, top)
+            program.close()
+            log.meta["dist"] = {"rank": rt.rank, "role": _kind(program, rt.rank), "wall_s": time.perf_counter() - t0,
+                                "wait_s": rt.comm.wait_s,
+                                "verifier_s": program.relay.verifier_s if program.is_verifier else 0.0,
+                                "recomputed": program.recomputed_messages(), **relay_stats(program)}
+            _send_bytes(rt, 0, log_to_bytes(log))
             rt.comm.flush()
         except BaseException as exc:
-            if worker is not None:
-                _save_partial(worker.log, out_dir, rt.rank, exc, worker.step, relay=False)
+            if program is not None:
+                _save_partial(log, out_dir, rt.rank, exc, program.step, coordinator=False)
             raise
-
-
-def _drive_worker(w: WorkerRank, rt: Runtime, ckpt: Path | None, out_dir: Path | None) -> None:
-    plugins = {"adversary": w.adversary}
-    if ckpt is not None:
-        w.restore(checkpoint.load(w, ckpt, plugins))
-    else:
-        w.send_reference()
-    while w.step < w.sc.training.steps:
-        w.train_step()
-        if w.eval_due(w.step):
-            w.send_reference()
-        if _ckpt_due(w, rt) and out_dir is not None:
-            checkpoint.save(w, out_dir / "checkpoints", plugins, {"next_id": w._next_id})
 
 
 # -- plumbing ------------------------------------------------------------------------------------------
@@ -160,11 +147,11 @@ def _send_bytes(rt: Runtime, dst: int, data: bytes) -> None:
 
 def _recv_bytes(rt: Runtime, src: int, what: str) -> bytes:
     n = int(rt.comm.recv((1,), torch.int64, src, what))
-    return rt.comm.recv((n,), torch.uint8, src, what).cpu().numpy().tobytes()
+    return rt.comm.recv((n,), torch.uint8, src, what).numpy().tobytes()
 
 
 def _save_partial(log: EventLog, out_dir: Path | None, rank: int, exc: BaseException, step: int,
-                  relay: bool = True) -> None:
+                  coordinator: bool = True) -> None:
     """What was logged so far: this rank's part under OUT/ranks/rank{r}/; rank 0 also OUT/events.* + failure.txt."""
     if out_dir is None:
         return
@@ -173,7 +160,7 @@ def _save_partial(log: EventLog, out_dir: Path | None, rank: int, exc: BaseExcep
         part = out_dir / "ranks" / f"rank{rank}"
         part.mkdir(parents=True, exist_ok=True)
         log.save(part)
-        if relay:
+        if coordinator:
             log.save(out_dir)
             (out_dir / "failure.txt").write_text(
                 f"run failed at step {step}: {exc!r}\n\n{''.join(traceback.format_exception(exc))}")
@@ -189,4 +176,5 @@ def write_exit(top: Path | None, rank: int, status: str, message: str = "") -> N
         return
     d = top / "ranks" / f"rank{rank}"
     d.mkdir(parents=True, exist_ok=True)
-    (d / "exit.json").write_text(json.dumps({"rank": rank, "pid": os.getpid(), "status": status, "message": message}))
+    (d / "exit.json").write_text(strictjson.dumps({"rank": rank, "pid": os.getpid(), "status": status,
+                                                   "message": message}))

@@ -23,6 +23,7 @@ from sentinel.distributed.merge import merge
 from sentinel.distributed.runtime import Options, check_supported
 from sentinel.errors import RunError
 from sentinel.eventlog import EventLog
+from sentinel.preflight import check_resume
 
 
 def options_from_cli(args) -> Options:
@@ -32,17 +33,19 @@ def options_from_cli(args) -> Options:
     if args.timeout <= 0 or args.checkpoint_every < 0:
         raise ConfigError("--timeout must be > 0 and --checkpoint-every >= 0")
     return Options(timeout_s=args.timeout, checkpoint_every=args.checkpoint_every, resume=args.resume,
-                   device=args.device or "cpu")
+                   device=args.device or "cpu", verifiers=args.verifiers)
 
 
-def default_nproc(sc) -> int:
-    """One process per worker plus the relay."""
-    return sc.num_workers + 1
+def default_nproc(sc, verifiers: int | None = None) -> int:
+    """One process per worker plus one verifier per boundary (or `verifiers` of them)."""
+    v = verifiers if verifiers is not None else max(1, sc.pipeline.stages - 1)
+    return sc.num_workers + v
 
 
 def torchrun_command(scenario_path: str, out: Path, overrides: list[str], nproc: int, options: Options,
                      quiet: bool) -> list[str]:
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
+    # torchrun (`torch.distributed.run`) minus the traceback it prints after a rank failed
+    cmd = [sys.executable, "-m", "sentinel.distributed.torchrun", "--standalone", f"--nproc-per-node={nproc}",
            "--monitor-interval=1", "-m", "sentinel.distributed", str(scenario_path), "--out", str(out),
            "--timeout", str(options.timeout_s), "--device", options.device, "--backend", options.backend]
     for item in overrides:
@@ -53,6 +56,8 @@ def torchrun_command(scenario_path: str, out: Path, overrides: list[str], nproc:
         cmd += ["--checkpoint-every", str(options.checkpoint_every)]
     if options.resume:
         cmd += ["--resume", str(options.resume)]
+    if options.verifiers is not None:
+        cmd += ["--verifiers", str(options.verifiers)]
     return cmd + (["--quiet"] if quiet else [])
 
 
@@ -70,8 +75,11 @@ def launch(scenario_path: str, out: Path, overrides: list[str] | tuple[str, ...]
     sc = scenario_mod.load(scenario_path, overrides)  # ConfigError (exit 2) before anything starts
     check_supported(sc)
     parse_faults(options.faults)
-    nproc = nproc or default_nproc(sc)
-    check_world(sc.pipeline.stages, sc.pipeline.replicas, nproc)
+    nproc = nproc or default_nproc(sc, options.verifiers)
+    check_world(sc.pipeline.stages, sc.pipeline.replicas, nproc, options.verifiers)
+    rank_map = RankMap(sc.pipeline.stages, sc.pipeline.replicas, nproc, options.verifiers)
+    if options.resume is not None:
+        check_resume(options.resume, nproc)  # before torchrun starts: no process, no stray folder
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     for stale in out.glob("ranks/rank*/exit.json"):
@@ -89,15 +97,15 @@ def launch(scenario_path: str, out: Path, overrides: list[str] | tuple[str, ...]
             raise
     except subprocess.TimeoutExpired:
         message = f"the dist run did not finish within {timeout_s:g} s; every rank was ended"
-        _salvage(out, RankMap(sc.pipeline.stages, sc.pipeline.replicas, nproc), message)
+        _salvage(out, rank_map, message)
         raise RunError(message) from None
     finally:
         if sink is not None:
             sink.close()
     if code == 0 and (out / "summary.json").is_file():
         return json.loads((out / "summary.json").read_text())
-    message = diagnose(out, RankMap(sc.pipeline.stages, sc.pipeline.replicas, nproc))
-    _salvage(out, RankMap(sc.pipeline.stages, sc.pipeline.replicas, nproc), message)
+    message = diagnose(out, rank_map)
+    _salvage(out, rank_map, message)
     raise RunError(message)
 
 
@@ -133,7 +141,8 @@ def diagnose(out: Path, rank_map: RankMap) -> str:
     lines = [f"{who} died without reporting (killed or crashed)" for who in silent] + errors
     if not lines:
         lines = ["the dist run failed; every rank was ended by the launcher (see the output above)"]
-    return "dist run failed: " + "; ".join(lines)
+    return f"dist run failed ({len(lines)} rank{'s' if len(lines) > 1 else ''}):\n" + "\n".join(
+        f"  {line}" for line in lines)  # one line per failed rank
 
 
 def _salvage(out: Path, rank_map: RankMap, message: str) -> None:
@@ -141,7 +150,8 @@ def _salvage(out: Path, rank_map: RankMap, message: str) -> None:
     for job in {p.parents[2] for p in out.glob("**/ranks/rank*/events.npz")}:
         parts = {int(p.parent.name[4:]): EventLog.load(p.parent) for p in job.glob("ranks/rank*/events.npz")}
         if 0 in parts:
-            log = merge(parts.pop(0), [parts[r] for r in sorted(parts)])
+            kinds = {r: "verifier" if rank_map.is_verifier(r) else "worker" for r in parts}
+            log = merge(parts.pop(0), [(kinds[r], parts[r]) for r in sorted(parts)])
             log.save(job)
             log.write_events_csv(job / "events.csv")
     failure = out / "failure.txt"

@@ -1,14 +1,13 @@
 """Every rank writes its part of the EventLog; rank 0 merges them into the log `sim` would have written.
 
-    relay (rank 0)   messages (ids in sim's order), verdicts, bans, evals
-    sender ranks     ground truth (the adversary runs there; message ids are provisional)
-    last stage       training losses
+    verifier ranks   messages and verdicts of their boundaries
+    worker ranks     ground truth (the adversary runs there) and, on the last stage, training losses
+    rank 0           also evaluations and bans (every rank applies the bans; rank 0's record is kept)
 
-Merging maps each ground-truth row to the relay's id of the same message -- (step, mb, role, sender)
-identifies a boundary message within a run -- keeps DP-sync rows (id -1) as they are, and orders rows
-as sim appends them: pipeline rows by message id within a step, then DP rows by (stage, worker);
-losses by (step, mb). Attack names are re-indexed in order of first appearance. Logs travel between
-ranks as in-memory `.npz` bytes (numeric arrays plus a JSON string table; loaded with
+Message ids are canonical (`sentinel.transport.message.message_id`), so every part names a message the same
+way; merging is concatenating the tables (worker and attack names re-indexed through their strings) and
+putting the rows in the canonical order (`EventLog.canonicalize`), which sim's log is put in too. Logs travel
+between ranks as in-memory `.npz` bytes (numeric arrays plus a JSON string table; loaded with
 `allow_pickle=False`).
 """
 
@@ -21,10 +20,13 @@ import numpy as np
 
 from sentinel.eventlog import EventLog, Table
 
+OWN = {"messages": "verifier", "verdicts": "verifier", "ground_truth": "worker", "losses": "worker",
+       "evals": "coordinator", "bans": "coordinator"}  # which kind of part holds each table
+
 
 def log_to_bytes(log: EventLog) -> bytes:
     arrays = {f"{t}.{k}": v for t in EventLog.TABLES for k, v in getattr(log, t).as_arrays().items()}
-    strings = json.dumps({"workers": log.workers, "attacks": log.attacks, "meta": getattr(log, "meta", {})})
+    strings = json.dumps({"workers": log.workers, "attacks": log.attacks, "meta": log.meta})
     arrays["strings"] = np.frombuffer(strings.encode("utf-8"), dtype=np.uint8)
     buf = io.BytesIO()
     np.savez(buf, **arrays)
@@ -42,54 +44,50 @@ def log_from_bytes(data: bytes) -> EventLog:
     for w in strings["workers"]:
         log.worker_index(w)
     log.attacks = list(strings["attacks"])
-    if hasattr(log, "meta"):
-        log.meta = dict(strings.get("meta", {}))
-    log._next_msg = int(log.messages["id"].max()) + 1 if len(log.messages) else 0
+    log.meta = dict(strings.get("meta", {}))
     return log
 
 
-def _gt_rows(log: EventLog, msg_index: dict, base: EventLog) -> list[dict]:
-    """Ground-truth rows of one part, with worker names resolved and message ids mapped to the relay's."""
-    g = log.ground_truth
-    rows = []
-    for i in range(len(g)):
-        worker = log.workers[int(g["worker"][i])]
-        step, mb, role = int(g["step"][i]), int(g["mb"][i]), int(g["role"][i])
-        msg = int(g["msg"][i])
-        if role in (0, 1) and log is not base:
-            msg = msg_index.get((step, mb, role, base.worker_index(worker)), -1)
-        rows.append({"msg": msg, "step": step, "mb": mb, "role": role, "worker": worker,
-                     "attack": log.attacks[int(g["attack"][i])], "norm_ratio": float(g["norm_ratio"][i])})
-    return rows
+def _append(dst: EventLog, src: EventLog, table: str) -> None:
+    """The rows of `src.table` appended to `dst.table`, worker and attack indices translated by name."""
+    t = getattr(src, table)
+    arrays = t.as_arrays()
+    cols = {"sender", "receiver", "worker", "replaced_by"} & set(arrays)
+    for i in range(len(t)):
+        row = {k: v[i] for k, v in arrays.items()}
+        for c in cols:
+            if row[c] >= 0:
+                row[c] = dst.worker_index(src.workers[int(row[c])])
+        if "attack" in row:
+            row["attack"] = dst.attack_index(src.attacks[int(row["attack"])])
+        for k in arrays:
+            if k.startswith("score_"):
+                getattr(dst, table).add_column(k, np.float32, np.nan)
+        getattr(dst, table).append(**row)
 
 
-def _order(row: dict, base: EventLog) -> tuple:
-    if row["role"] in (0, 1):
-        return (row["step"], 0, row["msg"], 0)
-    widx = base.worker_index(row["worker"])
-    return (row["step"], 1, int(row["worker"].split("r")[0][1:]), widx)
+def merge(base: EventLog, parts: list[tuple[str, EventLog]]) -> EventLog:
+    """Rank 0's log (`base`, the coordinator's part) completed with every part's rows (in place; returns it).
 
-
-def merge(relay: EventLog, parts: list[EventLog]) -> EventLog:
-    """The relay's log completed with the parts' ground truth and losses (in place; returns it)."""
-    m = relay.messages
-    msg_index = {(int(s), int(b), int(r), int(w)): int(i)
-                 for i, s, b, r, w in zip(m["id"], m["step"], m["mb"], m["role"], m["sender"])}
-    rows = _gt_rows(relay, msg_index, relay)
-    loss_rows = [(int(s), int(b), float(v)) for s, b, v in zip(relay.losses["step"], relay.losses["mb"],
-                                                                 relay.losses["loss"])]
-    for part in parts:
-        rows += _gt_rows(part, msg_index, relay)
-        loss_rows += [(int(s), int(b), float(v)) for s, b, v in zip(part.losses["step"], part.losses["mb"],
-                                                                     part.losses["loss"])]
-    rows.sort(key=lambda r: _order(r, relay))
-    relay.ground_truth = Table({k: v.dtype for k, v in relay.ground_truth.as_arrays().items()})
-    relay.attacks = []
-    for r in rows:
-        relay.ground_truth.append(msg=r["msg"], step=r["step"], mb=r["mb"], role=r["role"],
-                                  worker=relay.worker_index(r["worker"]), attack=relay.attack_index(r["attack"]),
-                                  norm_ratio=r["norm_ratio"])
-    relay.losses = Table({k: v.dtype for k, v in relay.losses.as_arrays().items()})
-    for step, mb, loss in sorted(loss_rows, key=lambda r: (r[0], r[1])):
-        relay.log_loss(step, mb, loss)
-    return relay
+    `parts` are (kind, log) with kind "verifier" or "worker"; `base` itself is rank 0's part (a verifier)."""
+    own = {t: getattr(base, t) for t in ("evals", "bans")}
+    merged = EventLog()
+    for wid in base.workers:
+        merged.worker_index(wid)
+    for kind, part in [("verifier", base), *parts]:
+        for w in part.workers:
+            merged.worker_index(w)
+        for table, holder in OWN.items():
+            if holder == kind:
+                _append(merged, part, table)
+    for table, t in own.items():
+        tmp = EventLog()
+        tmp.workers = base.workers
+        setattr(tmp, table, t)
+        _append(merged, tmp, table)
+    for name in EventLog.TABLES:
+        setattr(base, name, getattr(merged, name))
+    base.attacks = merged.attacks
+    for w in merged.workers:
+        base.worker_index(w)
+    return base.canonicalize()

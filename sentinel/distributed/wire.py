@@ -1,23 +1,23 @@
-"""The on-the-wire format of the dist backend: a fixed int64 header, then a body in bounded chunks.
+"""The on-the-wire format of the distributed backend: fixed int64 headers, then bodies in bounded chunks.
 
-Sender -> relay (one boundary message, after the sender's codec and adversary):
+Every frame starts with `header` = int64[12]: MAGIC, KIND, then fields by kind:
 
-    header  int64[12]: MAGIC, step, mb, boundary, role, sender, receiver, manifest_len, data_len, 0, 0, 0
-    body    uint8[manifest_len + data_len] in chunks of at most CHUNK bytes:
-            manifest = JSON {"t": [[name, dtype, shape], ...], "m": codec meta}, then the raw bytes of
-            each wire tensor in manifest order
+    MSG      worker -> verifier: step, mb, boundary, role, sender, receiver, manifest_len, data_len; then the body:
+             manifest = JSON {"t": [[name, dtype, shape], ...], "m": codec meta}, then the raw bytes of each wire
+             tensor in manifest order (uint8, in chunks of at most CHUNK bytes)
+    SKIP     worker -> verifier: step, mb, boundary, role, sender, receiver: this slot's message will not come
+             (the sender's own input was dropped upstream)
+    DELIVER  verifier -> worker: step, mb, stage, role, dropped; then the float32 payload of the honest
+             boundary shape, unless dropped (the receiving `stage`'s input for that microbatch)
+    STATUS   verifier -> neighbouring verifier: step, mb, boundary, role, tainted, has_payload; then the delivered
+             payload when the detector needs the sender's inputs (`Detector.wants_inputs`)
+    END      any -> any: no more frames in this job
 
-Relay -> receiver (what the response policy delivered):
-
-    header  int64[12]: MAGIC, step, mb, stage, kind (0 activation in, 1 gradient in), 0, 0, 0, 0, dropped, 0, 0
-    payload float32 of the honest boundary shape, unless dropped
-
-The relay never trusts a header: `parse_body` checks the manifest and the byte counts and raises
-`WireError` on anything inconsistent; the relay drains an oversized body chunk by chunk into one
-reused buffer instead of allocating it (memory stays bounded, the stream stays in sync). gloo aborts
-a process whose receive size differs from the size sent, so the framing (a header followed by exactly
-the bytes it announces) is the one thing the sending rank's transport code must get right; everything
-above it -- tensors, shapes, dtypes, values, byte counts of the wire -- may be adversarial.
+Workers and verifiers address each other by worker-table index. The verifier never trusts a header: the
+manifest and the byte counts are checked (`parse_body` raises `WireError`), an oversized body is drained chunk
+by chunk into one reused buffer instead of being allocated. gloo aborts a process whose receive size differs
+from the size sent, so the framing (a header followed by exactly the bytes it announces) is the one thing the
+sending rank's transport code must get right; everything above it may be adversarial.
 """
 
 from __future__ import annotations
@@ -27,10 +27,12 @@ import math
 
 import torch
 
-from sentinel.transport.message import Role, Wire
+from sentinel.transport.message import Wire
+from sentinel.transport.relay import WireError  # noqa: F401  (raised by parse_body)
 
 MAGIC = 0x5E47_D157
 HEADER_LEN = 12
+MSG, SKIP, DELIVER, STATUS, END = 1, 2, 3, 4, 5
 CHUNK = 1 << 22  # bytes per body send: also the relay's scratch buffer when it drains a refused body
 MAX_MANIFEST = 1 << 16
 DTYPES = {
@@ -39,7 +41,6 @@ DTYPES = {
     "bool": torch.bool,
 }
 DTYPE_NAMES = {v: k for k, v in DTYPES.items()}
-KIND_ACT, KIND_GRAD = 0, 1
 CPU = torch.device("cpu")  # wires are decoded on the CPU, as in sim (codecs and detectors use CPU generators)
 
 
@@ -48,14 +49,10 @@ def body_limit(shape: tuple[int, ...]) -> int:
     return 2 * 4 * math.prod(shape) + MAX_MANIFEST
 
 
-class WireError(ValueError):
-    """A frame the relay refuses (the message is flagged and attributed to its sender)."""
-
-
-def header(*fields: int) -> torch.Tensor:
+def header(kind: int, *fields: int) -> torch.Tensor:
     h = torch.zeros(HEADER_LEN, dtype=torch.int64)
-    h[0] = MAGIC
-    h[1 : 1 + len(fields)] = torch.tensor(fields, dtype=torch.int64)
+    h[0], h[1] = MAGIC, kind
+    h[2 : 2 + len(fields)] = torch.tensor(fields, dtype=torch.int64)
     return h
 
 
@@ -77,15 +74,19 @@ def chunks(n: int) -> list[int]:
     return [min(CHUNK, n - i) for i in range(0, n, CHUNK)]
 
 
-def send_body(comm, dst: int, body: torch.Tensor) -> None:
-    offset = 0
+def split_body(body: torch.Tensor) -> list[torch.Tensor]:
+    """The pieces (views) a body travels in: at most CHUNK bytes each."""
+    out, offset = [], 0
     for size in chunks(body.numel()):
-        comm.send(body[offset : offset + size], dst)
+        out.append(body[offset : offset + size])
         offset += size
+    return out
 
 
 def recv_body(comm, src: int, nbytes: int, limit: int, what: str) -> torch.Tensor | None:
     """The body, or None after draining it when it exceeds `limit` bytes (never allocates more than CHUNK)."""
+    if nbytes == 0:
+        return torch.empty(0, dtype=torch.uint8)
     if nbytes <= limit:
         parts = [comm.recv((size,), torch.uint8, src, what, CPU) for size in chunks(nbytes)]
         return torch.cat(parts) if len(parts) != 1 else parts[0]
@@ -128,8 +129,5 @@ def parse_body(body: torch.Tensor, manifest_len: int) -> Wire:
 
 
 def message_header(msg, sender_idx: int, receiver_idx: int, manifest_len: int, data_len: int) -> torch.Tensor:
-    return header(msg.step, msg.mb_idx, msg.boundary, int(msg.role), sender_idx, receiver_idx, manifest_len, data_len)
-
-
-def expected_fields(step: int, mb: int, boundary: int, role: Role, sender_idx: int, receiver_idx: int) -> list[int]:
-    return [MAGIC, step, mb, boundary, int(role), sender_idx, receiver_idx]
+    return header(MSG, msg.step, msg.mb_idx, msg.boundary, int(msg.role), sender_idx, receiver_idx, manifest_len,
+                  data_len)

@@ -25,12 +25,16 @@ from __future__ import annotations
 
 import collections
 import zlib
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
 
 from sentinel.engine.hooks import StepHook
 from sentinel.transport.network import stragglers
+
+if TYPE_CHECKING:  # the step program calls these hooks; they do not import it at run time
+    from sentinel.engine.step import StepProgram, StepState
 
 
 class _History:
@@ -55,13 +59,12 @@ class Asynchrony(StepHook):
         self.net_cfg = scenario.transport.network
         self.history: dict[str, _History] = {}
         self._current: dict[int, list[torch.Tensor]] = {}  # replica index -> its current weights (pipeline phase)
-        self._num_replicas = 0
         self.applied: dict[str, int] = {}  # worker -> staleness used in the latest step
         self.stragglers: frozenset[str] = frozenset()
 
-    def attach(self, engine) -> None:
+    def attach(self, engine: StepProgram) -> None:
         self.stragglers = stragglers(self.net_cfg, self.seed, list(engine.workers.ids))
-        for r in engine.replicas:
+        for r in engine.replicas.values():
             self._hist(r)
 
     def _hist(self, rep) -> _History:
@@ -85,10 +88,9 @@ class Asynchrony(StepHook):
         return int(rng.integers(0, c.max_staleness + 1))
 
     @torch.no_grad()
-    def before_pipeline(self, engine, st) -> None:
+    def before_pipeline(self, engine: StepProgram, st: StepState) -> None:
         self._current = {}
-        self._num_replicas = len(engine.replicas)
-        for i, rep in enumerate(engine.replicas):
+        for i, rep in engine.replicas.items():
             if not engine.workers.live[i]:
                 continue
             h = self._hist(rep)
@@ -106,21 +108,15 @@ class Asynchrony(StepHook):
                 p.copy_(u)
 
     @torch.no_grad()
-    def before_update(self, engine, st) -> None:
+    def before_update(self, engine: StepProgram, st: StepState) -> None:
         for i, cur in self._current.items():
             for p, c in zip(engine.replicas[i].params, cur):
                 p.copy_(c)
-        for i in range(self._num_replicas, len(engine.replicas)):  # added mid-step: copied stale weights
-            new = engine.replicas[i]
-            src = next((j for j in self._current if engine.replicas[j].stage_idx == new.stage_idx), None)
-            if src is not None:
-                for p, c in zip(new.params, self._current[src]):
-                    p.copy_(c)
         self._current = {}
 
     @torch.no_grad()
-    def after_update(self, engine, st) -> None:
-        for i, rep in enumerate(engine.replicas):
+    def after_update(self, engine: StepProgram, st: StepState) -> None:
+        for i, rep in engine.replicas.items():
             if not engine.workers.live[i]:
                 continue
             h = self._hist(rep)

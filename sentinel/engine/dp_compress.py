@@ -14,7 +14,7 @@ Methods (`dp.compression.method`):
 
 Each replica is compressed separately (rather than PowerSGD's all-reduce of P and Q) so that robust
 aggregators and DP-axis attacks still see one row per replica; the byte count is what each replica
-sends. With a single contributing replica nothing travels and nothing is compressed.
+sends. In a stage with a single live replica nothing travels and nothing is compressed.
 """
 
 from __future__ import annotations
@@ -49,21 +49,21 @@ class DPCompressor:
         self.bytes_sent = 0
 
     def __call__(self, step: int, stage_idx: int, wids: list[str], vecs: torch.Tensor, shapes: list) -> torch.Tensor:
-        """(n, d) replica contributions -> (n, d) what the aggregator receives."""
+        """(n, d) replica contributions -> (n, d) what the aggregator receives (nothing travels for n < 2)."""
         if len(wids) < 2:
             self.step_bytes[stage_idx] = 0
             return vecs
-        out, total = [], 0
-        for wid, g in zip(wids, vecs):
-            v = g + self.errors[wid] if self.cfg.error_feedback and wid in self.errors else g
-            c, nbytes = self._low_rank(wid, v, shapes) if self.cfg.method == "low_rank" else self._topk(v)
-            if self.cfg.error_feedback:
-                self.errors[wid] = v - c
-            out.append(c)
-            total += nbytes
-        self.step_bytes[stage_idx] = total // len(wids)
-        self.bytes_sent += total
-        return torch.stack(out)
+        return torch.stack([self.compress(step, stage_idx, wid, g, shapes) for wid, g in zip(wids, vecs)])
+
+    def compress(self, step: int, stage_idx: int, wid: str, g: torch.Tensor, shapes: list) -> torch.Tensor:
+        """One replica's contribution as the aggregator receives it (its error feedback updated)."""
+        v = g + self.errors[wid] if self.cfg.error_feedback and wid in self.errors else g
+        c, nbytes = self._low_rank(wid, v, shapes) if self.cfg.method == "low_rank" else self._topk(v)
+        if self.cfg.error_feedback:
+            self.errors[wid] = v - c
+        self.step_bytes[stage_idx] = nbytes  # every replica of a stage sends the same number of bytes
+        self.bytes_sent += nbytes
+        return c
 
     def _topk(self, v: torch.Tensor) -> tuple[torch.Tensor, int]:
         k = max(1, math.ceil(self.cfg.fraction * v.numel() - 1e-9))

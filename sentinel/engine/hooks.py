@@ -15,44 +15,28 @@ the same four methods at the same points.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # the step program calls these hooks; they do not import it at run time
+    from sentinel.engine.step import StepProgram, StepState
+
 
 class StepHook:
     """No-op base: override the phases you need."""
 
-    def attach(self, engine) -> None:
+    def attach(self, engine: StepProgram) -> None:
         pass
 
-    def before_pipeline(self, engine, st) -> None:
+    def before_pipeline(self, engine: StepProgram, st: StepState) -> None:
         pass
 
-    def before_update(self, engine, st) -> None:
+    def before_update(self, engine: StepProgram, st: StepState) -> None:
         pass
 
-    def after_update(self, engine, st) -> None:
+    def after_update(self, engine: StepProgram, st: StepState) -> None:
         pass
-
-
-def build_hooks(scenario, engine) -> list[StepHook]:
-    """The hooks this scenario needs, attached, in the order their `after_update` must run."""
-    from sentinel.engine.asynchrony import Asynchrony
-    from sentinel.engine.sparse_avg import SparseAveraging
-    from sentinel.transport.clock import NetworkClock
-
-    hooks: list[StepHook] = []
-    for codec in {id(c): c for c in engine.transport.codecs.values()}.values():
-        if isinstance(codec, StepHook):
-            hooks.append(codec)
-    if scenario.dp.sync == "sparse_avg":
-        hooks.append(SparseAveraging(scenario.dp.sparse_avg))
-    if scenario.transport.async_.max_staleness > 0:
-        hooks.append(Asynchrony(scenario.transport.async_, scenario))
-    if scenario.transport.network.enabled:
-        hooks.append(NetworkClock(scenario))
-    for h in hooks:
-        h.attach(engine)
-    return hooks
 
 
 def find_hook(engine, cls: type) -> StepHook | None:
     """The engine's hook of type `cls`, if installed."""
-    return next((h for h in getattr(engine, "hooks", ()) if isinstance(h, cls)), None)
+    return next((h for h in engine.hooks if isinstance(h, cls)), None)

@@ -1,99 +1,73 @@
-"""The `sim` backend: S stages x R replicas in one process, deterministic.
+"""The `sim` backend: the step program (step.py) with every worker and every verifier in one process.
 
-One training step, in named phases:
+`LocalChannel` runs both halves of the transport back to back: the sender's (adversary, codec) and the
+relay of the message's boundary (decode, EventLog, verifier, response), then fills the receiver's inbox.
+There is one verifier per boundary, exactly as on the distributed backend (one verifier process per
+boundary), so both backends judge every message with the same state.
 
-    route      each microbatch picks one live replica per stage            (Router)
-    pipeline   forward / backward actions of the schedule; every boundary
-               tensor is a Message through the Transport                   (schedule.execute)
-    dp_sync    each stage aggregates its replicas' local mean gradients    (Aggregator)
-    update     every live replica steps its own optimizer
-
-A microbatch whose activation or gradient is dropped by the response policy is dropped from the
-step: stages that already ran its forward skip its backward, and gradient means are taken over the
-microbatches that did reach each stage.
+Cascade suppression (a message downstream of a flag in its microbatch is paused: neither judged nor learned
+from, and its honest sender not blamed) is `taint` here; the distributed backend passes the same fact
+between neighbouring verifier processes. Messages are handled in causal order within a microbatch, so the
+two agree.
 """
 
 from __future__ import annotations
 
 import copy
-import dataclasses
-import time
-from collections.abc import Callable
 
 import numpy as np
 import torch
 
-from sentinel.data import Dataset
-from sentinel.engine.aggregators import Aggregator
-from sentinel.engine.dp_compress import build_dp_compressor
-from sentinel.engine.hooks import build_hooks
-from sentinel.engine.optim import lr_at, make_optimizer
-from sentinel.engine.schedule import Action, execute, make_schedule
-from sentinel.engine.workers import MeshControl, Router, WorkerTable
+from sentinel.engine.step import DROPPED, Provenance, StepProgram, StepState, payload_shape
+from sentinel.engine.workers import MeshControl, MeshEvent, WorkerTable
 from sentinel.eventlog import EventLog
-from sentinel.model import Stage, build_stages, loss_fn
-from sentinel.registry import AGGREGATORS
+from sentinel.model import loss_fn
 from sentinel.scenario import Scenario
-from sentinel.transport import Interceptor, Message, Responder, Role, Transport, Verifier
-from sentinel.transport.codecs import build_codecs
-
-DROPPED = object()  # marks an inbox slot whose message the response policy dropped
+from sentinel.transport.message import Message, Role
+from sentinel.transport.relay import Relay, Sender, SenderInputs
 
 
-class Replica:
-    """One worker: a copy of its stage's parameters, its own optimizer, and per-step scratch."""
+class AllLocal:
+    """sim's placement: this process hosts every worker of every stage."""
 
-    def __init__(self, wid: str, stage_idx: int, module: Stage, scenario: Scenario):
-        self.wid, self.stage_idx, self.module = wid, stage_idx, module
-        self.params = [p for p in module.parameters()]
-        self.optimizer = make_optimizer(self.params, scenario.training)
-        self.saved: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}  # mb -> (input, output or loss)
-        self.n_backward = 0
+    def __init__(self, num_stages: int):
+        self.num_stages = num_stages
 
-    def flat_grad(self) -> torch.Tensor:
-        return torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1) for p in self.params])
+    def hosts(self, wid: str) -> bool:
+        return True
 
-    def set_flat_grad(self, flat: torch.Tensor) -> None:
-        offset = 0
-        for p in self.params:
-            n = p.numel()
-            p.grad = flat[offset : offset + n].view_as(p).clone()
-            offset += n
+    def stages(self) -> range:
+        return range(self.num_stages)
+
+    def place(self, wid: str, stage_idx: int, workers: WorkerTable) -> None:
+        pass
 
 
-class _StepState:
-    """Inboxes of one step: delivered activations / gradients keyed by (stage, mb)."""
+class LocalCollective:
+    """sim's DP sync: every row is already here; a new replica copies its source's state in memory."""
 
-    def __init__(self, step: int, batch: torch.Tensor, plan: np.ndarray):
-        self.step, self.batch, self.plan = step, batch, plan
-        self.act_in: dict[tuple[int, int], object] = {}
-        self.grad_in: dict[tuple[int, int], object] = {}
-        self.skipped: set[tuple[int, int]] = set()
-        self.losses: list[float] = []
-        self.action_s: dict[Action, float] = {}  # measured wall seconds per action (network clock)
+    def __init__(self) -> None:
+        self.program: StepProgram | None = None
 
+    def gather(self, stage_idx: int, rows: list) -> list:
+        return rows
 
-@dataclasses.dataclass(frozen=True, slots=True)
-class _Provenance:
-    """What the sender of the message in flight computed it from (read by `TrustedRecompute`)."""
-
-    msg: Message
-    rep: Replica
-    x: torch.Tensor  # the input the sender received (token ids on stage 0)
-    grad_in: torch.Tensor | None  # backward: the gradient the sender received (None on the last stage)
-    targets: torch.Tensor | None  # backward on the last stage: the true next-token targets
+    def copy_replica(self, src: int, dst: int, stage_idx: int) -> dict:
+        rep = self.program.replicas[src]
+        return {"module": copy.deepcopy(rep.module.state_dict()),
+                "optimizer": copy.deepcopy(rep.optimizer.state_dict())}
 
 
 class TrustedRecompute:
     """The trusted recomputation hook of duplication-style detectors (`DetectorEnv.recompute`).
 
-    It holds the replicas (weights and inputs, no ground truth) and the provenance of the message in flight,
-    which the engine sets before each send; nothing else of the engine is reachable from it.
+    It holds the replicas (weights, no ground truth) and the provenance of the message in flight, which the
+    channel sets before each message is judged; nothing else of the engine is reachable from it.
     """
 
-    def __init__(self, replicas: list[Replica], workers: WorkerTable):
+    def __init__(self, replicas: dict, workers: WorkerTable):
         self.replicas, self.workers = replicas, workers
-        self.current: _Provenance | None = None
+        self.current: tuple[tuple, Provenance] | None = None
 
     def __call__(self, msg: Message, worker: str | None = None) -> torch.Tensor | None:
         """The honest value of `msg`: recomputed from the very input its sender received.
@@ -104,10 +78,9 @@ class TrustedRecompute:
         (attacks corrupt messages, not parameters), so this is what a trusted party would compute.
         Returns None for any message other than the one in flight. Costs one extra stage computation.
         """
-        prov = self.current
-        key = (msg.step, msg.mb_idx, msg.boundary, msg.role)
-        if prov is None or (prov.msg.step, prov.msg.mb_idx, prov.msg.boundary, prov.msg.role) != key:
+        if self.current is None or self.current[0] != (msg.step, msg.mb_idx, msg.boundary, int(msg.role)):
             return None
+        prov = self.current[1]
         rep = prov.rep if worker is None else self.replicas[self.workers.index(worker)]
         if msg.role == Role.ACTIVATION:
             with torch.no_grad():
@@ -120,197 +93,105 @@ class TrustedRecompute:
             return torch.autograd.grad(out, x, grad_outputs=prov.grad_in)[0]
 
 
-class SimEngine:
-    """Runs one scenario in one process. Plug-ins (adversary, verifier, responder) are optional."""
+class LocalChannel:
+    """Both halves of the transport in this process, and the receivers' inboxes (see module docstring)."""
 
-    def __init__(
-        self,
-        scenario: Scenario,
-        log: EventLog | None = None,
-        adversary: Interceptor | None = None,
-        verifier: Verifier | None = None,
-        responder: Responder | None = None,
-    ):
-        self.sc = scenario
-        self.log = log if log is not None else EventLog()
-        self.data = Dataset(scenario)
-        self.vocab = scenario.model.vocab or self.data.vocab
-        p = scenario.pipeline
-        self.num_stages, self.num_microbatches = p.stages, p.microbatches
-        self.workers = WorkerTable(p.stages, p.replicas)
+    def __init__(self, sender: Sender, relay: Relay, recompute: TrustedRecompute, mesh: MeshControl):
+        self.sender, self.relay, self.recompute, self.mesh = sender, relay, recompute, mesh
+        self.inbox: dict[tuple[int, int, int], object] = {}  # (role, receiving stage, mb) -> tensor or DROPPED
+        self.taint: set[int] = set()  # microbatches flagged this step
+        self._step = -1
+
+    def begin_step(self, program: StepProgram, st: StepState) -> None:
+        self.inbox, self.taint, self._step = {}, set(), st.step
+
+    def send(self, msg: Message, prov: Provenance) -> None:
+        key = (msg.step, msg.mb_idx, msg.boundary, int(msg.role))
+        self.recompute.current = (key, prov)  # for the trusted recompute hook
+        sent, wire = self.sender.encode(msg)
+        inputs = SenderInputs(key, prov.x, prov.grad_in)
+        got = self.relay.carry(sent, wire, paused=msg.mb_idx in self.taint, inputs=inputs)
+        self.recompute.current = None
+        if got.flagged:
+            self.taint.add(msg.mb_idx)
+        delivered = DROPPED if got.payload is None else got.payload
+        if msg.role == Role.ACTIVATION:
+            self.inbox[(Role.ACTIVATION, msg.boundary + 1, msg.mb_idx)] = delivered
+            if got.payload is None:
+                self.inbox[(Role.GRADIENT, msg.boundary, msg.mb_idx)] = DROPPED  # no backward will come
+        else:
+            self.inbox[(Role.GRADIENT, msg.boundary, msg.mb_idx)] = delivered
+
+    def skip(self, role: Role, boundary: int, mb: int, step: int) -> None:
+        stage = boundary + 1 if role == Role.ACTIVATION else boundary
+        self.inbox[(role, stage, mb)] = DROPPED
+
+    def ready(self, role: Role, stage: int, mb: int) -> bool:
+        return (role, stage, mb) in self.inbox
+
+    def take(self, role: Role, stage: int, mb: int) -> object:
+        return self.inbox.pop((role, stage, mb))
+
+    def end_step(self, st: StepState) -> list[MeshEvent]:
+        self.relay.end_step(st.step)
+        return self.mesh.drain()
+
+
+class SimEngine(StepProgram):
+    """Runs one scenario in one process. Plug-ins (adversary, verifiers, responder) are optional.
+
+    `verifier` may be one object for every boundary, or a dict boundary -> verifier (what `build_defence`
+    returns: one per boundary, as the distributed backend has one per verifier process).
+    """
+
+    def __init__(self, scenario: Scenario, log: EventLog | None = None, adversary=None, verifier=None,
+                 responder=None):
+        log = log if log is not None else EventLog()
+        collective = LocalCollective()
+        super().__init__(scenario, log=log, placement=AllLocal(scenario.pipeline.stages), channel=None,
+                         collective=collective, adversary=adversary)
+        collective.program = self
         self.mesh = MeshControl(self.workers)  # the response policy's view: bans and additions become events
-        for wid in self.workers.ids:
-            self.log.worker_index(wid)  # stable integer ids: workers first, in mesh order
-        stages = build_stages(scenario.model, self.vocab, p.stages, scenario.seed)
-        self.replicas: list[Replica] = [
-            Replica(wid, s, copy.deepcopy(stages[s]), scenario)
-            for wid, s in zip(self.workers.ids, self.workers.stage)
-        ]
-        self.router = Router(p.routing, scenario.seed, self.workers)
-        self.schedule = make_schedule(p.schedule, p.stages, p.microbatches)
-        agg = scenario.dp.aggregator
-        self.aggregator: Aggregator = AGGREGATORS.get(agg.name)(agg.config)
-        self.transport = Transport(
-            self.log, build_codecs(scenario.transport), scenario.seed,  # codec per role (transport.codec)
-            adversary=adversary, verifier=verifier, responder=responder,
-        )
-        self.step = 0
         self.recompute = TrustedRecompute(self.replicas, self.workers)
-        self.dp_compressor = build_dp_compressor(scenario)  # None unless dp.compression is set
-        self.hooks = build_hooks(scenario, self)  # codecs, sparse averaging, asynchrony, network clock
+        self.relay = Relay(self.log, self.codecs, scenario.seed, payload_shape(scenario))
+        self.channel = LocalChannel(Sender(self.codecs, scenario.seed, adversary), self.relay, self.recompute,
+                                    self.mesh)
+        self.install_defence(verifier, responder)
+        self.install_hooks()
 
-    # -- one step --------------------------------------------------------------------------------
-    def train_step(self) -> float:
-        """Run one optimizer step; returns the mean training loss over completed microbatches."""
-        step = self.step
-        st = _StepState(step, self.data.train_batch(step), self.router.route(step, self.num_microbatches))
-        for h in self.hooks:
-            h.before_pipeline(self, st)
-        execute(self.schedule, lambda a: self._ready(st, a), lambda a: self._run(st, a))
-        self.transport.end_step(step)  # bans and replacements, agreed before DP sync
-        self._apply_mesh_events()
-        stepped = self._dp_sync(step)
-        for h in self.hooks:
-            h.before_update(self, st)
-        self._update(step, stepped)
-        for h in self.hooks:
-            h.after_update(self, st)
-        self.step += 1
-        return float(np.mean(st.losses)) if st.losses else float("nan")
+    def install_defence(self, verifier, responder) -> None:
+        """Verifiers (one object for every boundary, or a dict boundary -> verifier) and the response policy."""
+        if verifier is not None and not isinstance(verifier, dict):
+            verifier = {b: verifier for b in range(self.num_stages - 1)}
+        self.relay.verifiers = dict(verifier or {})
+        self.relay.responder = responder
 
-    def _ready(self, st: _StepState, a: Action) -> bool:
-        if a.kind == "F":
-            return a.stage == 0 or (a.stage, a.mb) in st.act_in
-        return a.stage == self.num_stages - 1 or (a.stage, a.mb) in st.grad_in or (a.stage, a.mb) in st.skipped
+    def set_adversary(self, adversary) -> None:
+        self.adversary = adversary
+        self.channel.sender.adversary = adversary
 
-    def _run(self, st: _StepState, a: Action) -> None:
-        t0 = time.perf_counter()
-        (self._forward if a.kind == "F" else self._backward)(st, a.stage, a.mb)
-        st.action_s[a] = time.perf_counter() - t0
+    @property
+    def verifiers(self) -> dict:
+        return self.relay.verifiers
 
-    def _forward(self, st: _StepState, s: int, mb: int) -> None:
-        last = s == self.num_stages - 1
-        if s > 0 and st.act_in[(s, mb)] is DROPPED:
-            st.skipped.add((s, mb))
-            if not last:
-                st.act_in[(s + 1, mb)] = DROPPED
-            return
-        rep = self.replicas[st.plan[mb, s]]
-        x = st.batch[mb, :, :-1] if s == 0 else st.act_in.pop((s, mb)).detach().requires_grad_()  # B, T(, C)
-        out = rep.module(x)
-        if last:
-            targets = st.batch[mb, :, 1:]
-            corrupt = getattr(self.transport.adversary, "corrupt_targets", None)  # target_corruption (attacks/)
-            if corrupt is not None:
-                targets = corrupt(st.step, mb, rep.wid, targets)
-            loss = loss_fn(out, targets)
-            rep.saved[mb] = (x, loss)
-            st.losses.append(loss.item())
-            self.log.log_loss(st.step, mb, st.losses[-1])
-            return
-        rep.saved[mb] = (x, out)
-        receiver = self.workers.ids[st.plan[mb, s + 1]]
-        msg = Message(st.step, mb, s, Role.ACTIVATION, rep.wid, receiver, out)
-        self.recompute.current = _Provenance(msg, rep, x.detach(), None, None)  # for the trusted recompute hook
-        delivered = self.transport.send(msg)
-        if delivered is None:
-            st.act_in[(s + 1, mb)] = DROPPED
-            st.grad_in[(s, mb)] = DROPPED  # no backward will come for this microbatch
-        else:
-            st.act_in[(s + 1, mb)] = delivered
+    @property
+    def responder(self):
+        return self.relay.responder
 
-    def _backward(self, st: _StepState, s: int, mb: int) -> None:
-        if (s, mb) in st.skipped:
-            return
-        rep = self.replicas[st.plan[mb, s]]
-        x, out = rep.saved.pop(mb)
-        g = None
-        if s == self.num_stages - 1:
-            out.backward()
-        else:
-            g = st.grad_in.pop((s, mb))
-            if g is DROPPED:
-                if s > 0:
-                    st.grad_in[(s - 1, mb)] = DROPPED
-                return
-            out.backward(g)
-        rep.n_backward += 1
-        if s == 0:
-            return
-        sender_to = self.workers.ids[st.plan[mb, s - 1]]
-        msg = Message(st.step, mb, s - 1, Role.GRADIENT, rep.wid, sender_to, x.grad)
-        targets = st.batch[mb, :, 1:] if g is None else None
-        self.recompute.current = _Provenance(msg, rep, x.detach(), g, targets)  # for the trusted recompute hook
-        delivered = self.transport.send(msg)
-        st.grad_in[(s - 1, mb)] = DROPPED if delivered is None else delivered
+    def recomputed_messages(self) -> int:
+        """Messages a duplication-style detector recomputed (its `checked` count), over every boundary."""
+        return sum(int(v.detector.checked) for v in self.relay.verifiers.values())
 
-    def _dp_sync(self, step: int) -> list[bool]:
-        """Aggregate each stage's replica gradients; returns which stages have a gradient to apply."""
-        stepped = []
-        for s in range(self.num_stages):
-            live = [self.replicas[i] for i in self.workers.live_in_stage(s)]
-            contrib = [r for r in live if r.n_backward > 0]
-            stepped.append(bool(contrib))
-            if not contrib:
-                continue
-            if self.sc.dp.sync in ("none", "sparse_avg"):  # local steps (sparse_avg averages weights later)
-                for r in contrib:
-                    for p in r.params:
-                        if p.grad is not None:
-                            p.grad.div_(r.n_backward)
-                continue
-            vecs = torch.stack(
-                [self.transport.dp_contribution(step, s, r.wid, r.flat_grad() / r.n_backward) for r in contrib]
-            )
-            if self.dp_compressor is not None:  # compressed all-reduce, with per-replica error feedback
-                vecs = self.dp_compressor(step, s, [r.wid for r in contrib], vecs, [p.shape for p in contrib[0].params])
-            weights = torch.tensor([r.n_backward for r in contrib], dtype=torch.float64)
-            agg = self.aggregator(vecs, weights)
-            for r in live:
-                r.set_flat_grad(agg)
-        return stepped
+    @property
+    def bytes_sent(self) -> int:
+        return self.relay.bytes_sent
 
-    def _update(self, step: int, stepped: list[bool]) -> None:
-        lr = lr_at(step, self.sc.training)
-        for i in range(len(self.replicas)):
-            r = self.replicas[i]
-            if self.workers.live[i] and stepped[r.stage_idx] and (self.sc.dp.sync == "allreduce" or r.n_backward):
-                for g in r.optimizer.param_groups:
-                    g["lr"] = lr
-                r.optimizer.step()
-            r.optimizer.zero_grad(set_to_none=True)
-            r.n_backward = 0
-            r.saved.clear()
-
-    # -- the defence's decisions (sentinel/response.py, through MeshControl) -----------------------------
-    def _apply_mesh_events(self) -> None:
-        """Carry out the response policy's bans and additions: log bans, build added replicas."""
-        for ev in self.mesh.drain():
-            if ev.kind == "ban":
-                self.log.log_ban(ev.step, ev.worker, ev.replaced_by)
-            else:
-                self._add_replica(ev.worker, ev.stage, ev.rejoin_of)
-
-    def _add_replica(self, wid: str, stage_idx: int, rejoin_of: str | None) -> None:
-        """Build the replica of a worker just added to the table (a replacement, or a rejoining worker).
-
-        It copies the weights and optimizer state of the stage's first live replica, so it is in sync
-        under synchronous DP; it is routed from the next step on. With `rejoin_of`, the adversary layer
-        (if it has a `rejoin(old, new)` method) decides whether it controls the newcomer (Sybil).
-        """
-        live = [i for i in self.workers.live_in_stage(stage_idx) if i < len(self.replicas)]
-        src = self.replicas[live[0]] if live else self.replicas[self.workers.stage.index(stage_idx)]
-        rep = Replica(wid, stage_idx, copy.deepcopy(src.module), self.sc)
-        rep.optimizer.load_state_dict(copy.deepcopy(src.optimizer.state_dict()))
-        self.replicas.append(rep)
-        assert self.workers.ids[len(self.replicas) - 1] == wid
-        self.log.worker_index(wid)
-        rejoin = getattr(self.transport.adversary, "rejoin", None)
-        if rejoin_of is not None and rejoin is not None:
-            rejoin(rejoin_of, wid)
+    @property
+    def verifier_s(self) -> float:
+        return self.relay.verifier_s
 
     # -- evaluation -------------------------------------------------------------------------------
-    def reference_modules(self) -> list[Stage]:
+    def reference_modules(self) -> list:
         """First live replica of each stage (all replicas agree under synchronous DP)."""
         return [self.replicas[self.workers.live_in_stage(s)[0]].module for s in range(self.num_stages)]
 
@@ -326,34 +207,21 @@ class SimEngine:
             losses.append(loss_fn(x, batch[:, 1:]).item())
         return float(np.mean(losses))
 
-    # -- the loop ---------------------------------------------------------------------------------
-    def run(self, on_step: Callable[[int, float, float | None], None] | None = None) -> dict[str, float]:
-        """Train for `training.steps` steps with periodic evaluation; returns headline numbers."""
-        t = self.sc.training
-        initial = self.evaluate()
-        self.log.log_eval(0, initial)
-        t0 = time.perf_counter()
-        val = None
-        while self.step < t.steps:
-            loss = self.train_step()
-            val = None
-            if self.step % t.eval_every == 0 or self.step == t.steps:
-                val = self.evaluate()
-                self.log.log_eval(self.step, val)
-            if on_step is not None:
-                on_step(self.step, loss, val)
-        final = val if val is not None else self.evaluate()
-        return {"initial_val_loss": initial, "final_val_loss": final, "train_wall_s": time.perf_counter() - t0}
-
     def parameters(self) -> dict[str, torch.Tensor]:
         """Flat name -> tensor of the reference replicas, with names independent of the stage split."""
-        out: dict[str, torch.Tensor] = {}
-        block = 0
-        for m in self.reference_modules():
-            for name, p in m.named_parameters():
-                if name.startswith("blocks."):
-                    i, rest = name.split(".", 2)[1:]
-                    name = f"blocks.{block + int(i)}.{rest}"
-                out[name] = p.detach()
-            block += len(m.blocks)
-        return out
+        return named_parameters(self.reference_modules())
+
+
+def named_parameters(modules: list) -> dict[str, torch.Tensor]:
+    """Flat name -> tensor over a model split into stages, with names independent of the split."""
+    out: dict[str, torch.Tensor] = {}
+    block = 0
+    for m in modules:
+        for name, p in m.named_parameters():
+            if name.startswith("blocks."):
+                i, rest = name.split(".", 2)[1:]
+                name = f"blocks.{block + int(i)}.{rest}"
+            out[name] = p.detach()
+        block += len(m.blocks)
+    return out
+

@@ -18,10 +18,14 @@ With d = 0, none and delta are the plain average of the slice.
 from __future__ import annotations
 
 import math
+from typing import TYPE_CHECKING
 
 import torch
 
 from sentinel.engine.hooks import StepHook
+
+if TYPE_CHECKING:  # the step program calls these hooks; they do not import it at run time
+    from sentinel.engine.step import StepProgram, StepState
 
 
 def flat_slice(params, lo: int, hi: int) -> torch.Tensor:
@@ -63,10 +67,10 @@ class SparseAveraging(StepHook):
         self.step_bytes: dict[int, int] = {}
         self.bytes_sent = 0
 
-    def after_update(self, engine, st) -> None:
+    def after_update(self, engine: StepProgram, st: StepState) -> None:
         self.step_bytes = {}
         if (st.step + 1) % self.cfg.every == 0:
-            for s in range(engine.num_stages):
+            for s in engine.placement.stages():
                 self._average(engine, st.step, s)
             self.round += 1
         due = [p for p in self.pending if p[0] <= st.step]
@@ -74,23 +78,34 @@ class SparseAveraging(StepHook):
         for _, s, lo, hi, avg, snaps in due:
             self._apply(engine, s, lo, hi, avg, snaps)
 
-    def _average(self, engine, step: int, s: int) -> None:
-        live = [engine.replicas[i] for i in engine.workers.live_in_stage(s)]
+    def _average(self, engine: StepProgram, step: int, s: int) -> None:
+        """Every live replica of stage s contributes its slice (through the adversary, over the DP collective)."""
+        live = engine.workers.live_in_stage(s)
         if len(live) < 2:
             return
-        n = sum(p.numel() for p in live[0].params)
+        n = sum(p.numel() for p in engine.templates[s].parameters())
         chunk = max(1, math.ceil(self.cfg.fraction * n - 1e-9))
         lo = (self.round % math.ceil(n / chunk)) * chunk
         hi = min(n, lo + chunk)
-        snaps = {r.wid: flat_slice(r.params, lo, hi) for r in live}
-        sent = torch.stack([engine.transport.dp_contribution(step, s, r.wid, snaps[r.wid]) for r in live])
-        avg = engine.aggregator(sent, torch.ones(len(live), dtype=torch.float64))
+        mine = [i for i in live if i in engine.replicas]
+        snaps = {engine.replicas[i].wid: flat_slice(engine.replicas[i].params, lo, hi) for i in mine}
+        rows = []
+        for i in mine:
+            r = engine.replicas[i]
+            sent = snaps[r.wid]
+            if engine.adversary is not None:
+                sent = engine.adversary.dp_contribution(step, s, r.wid, sent)
+            rows.append((i, 1, sent))
+        rows = engine.collective.gather(s, rows)  # every live replica's slice, in worker-table order
+        avg = engine.aggregator(torch.stack([v for _, _, v in rows]), torch.ones(len(rows), dtype=torch.float64))
         self.pending.append((step + self.cfg.delay, s, lo, hi, avg, snaps))
         self.step_bytes[s] = 4 * (hi - lo)
-        self.bytes_sent += 4 * (hi - lo) * len(live)
+        self.bytes_sent += 4 * (hi - lo) * len(rows)
 
-    def _apply(self, engine, s: int, lo: int, hi: int, avg: torch.Tensor, snaps: dict[str, torch.Tensor]) -> None:
+    def _apply(self, engine: StepProgram, s: int, lo: int, hi: int, avg: torch.Tensor, snaps: dict[str, torch.Tensor]) -> None:
         for i in engine.workers.live_in_stage(s):
+            if i not in engine.replicas:
+                continue
             r = engine.replicas[i]
             cur = flat_slice(r.params, lo, hi)
             then = snaps.get(r.wid, cur)  # a replica that joined since the snapshot takes the average

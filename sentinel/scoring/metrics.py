@@ -119,7 +119,9 @@ def message_metrics(log: EventLog) -> dict:
 def worker_metrics(log: EventLog, malicious: list[str]) -> dict:
     """Bans against the true malicious set; steps from a worker's first tampered message to its ban."""
     banned = [log.workers[i] for i in log.bans["worker"]]
-    mal = set(malicious)
+    # a worker that sent tampered messages is an attacker, whatever the adversary layer was told: this
+    # counts the senders of injected faults (dist `--fault`, ground truth `fault_<kind>`) as true bans
+    mal = set(malicious) | {log.workers[i] for i in np.unique(log.ground_truth["worker"])}
     true_bans = [w for w in banned if w in mal]
     false_bans = [w for w in banned if w not in mal]
     # recall over malicious workers that actually attacked (a worker that never tampered cannot be caught)

@@ -7,11 +7,11 @@ folders, prints one combined table.
 from __future__ import annotations
 
 import json
+import math
 import os
 from pathlib import Path
 
-import yaml
-
+from sentinel import strictjson
 from sentinel.eventlog import EventLog
 from sentinel.scoring import plots
 from sentinel.scoring.metrics import impact_metrics
@@ -22,7 +22,7 @@ TWINS = ("clean", "undefended")
 
 def write_json_atomic(path: Path, data: dict) -> None:
     tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.write_text(json.dumps(data, indent=2))
+    tmp.write_text(strictjson.dumps(data, indent=2))  # NaN / Inf -> null
     os.replace(tmp, path)
 
 
@@ -52,21 +52,15 @@ def finish(out_dir: Path, log: EventLog, summary: dict) -> dict:
 
 
 def rebuild(out_dir: Path) -> dict:
-    """Recompute summary.json, report.md and plots of a saved run folder."""
-    from sentinel import scenario as scenario_mod
+    """Recompute summary.json, report.md and plots of a saved run folder (validated first: folders.py)."""
+    from sentinel.scoring import folders
 
-    out_dir = Path(out_dir)
-    if not (out_dir / "events.npz").is_file() or not (out_dir / "scenario.yaml").is_file():
-        from sentinel.errors import ConfigError
-
-        raise ConfigError(f"{out_dir}: not a result folder (needs events.npz and scenario.yaml)")
-    sc = scenario_mod.validate(yaml.safe_load((out_dir / "scenario.yaml").read_text()))
-    log = EventLog.load(out_dir)
+    run = folders.load(Path(out_dir))  # ConfigError naming the folder and every problem; no plug-in imported
+    out_dir, sc, log, old, twins = run.path, run.scenario, run.log, run.old_summary, run.twins
     meta = log.meta
-    old = json.loads((out_dir / "summary.json").read_text()) if (out_dir / "summary.json").is_file() else {}
-    twins = twin_logs(out_dir)
     tokens_per_step = sc.pipeline.microbatches * sc.data.batch_size * sc.model.seq_len
     impact = impact_metrics(log, twins, meta.get("optimum_loss"), tokens_per_step) if twins else None
+    cost = old.get("cost") if isinstance(old.get("cost"), dict) else {}
     summary = build_summary(
         log,
         scenario=sc,
@@ -77,22 +71,27 @@ def rebuild(out_dir: Path) -> dict:
             "final_val_loss": float(log.evals["val_loss"][-1]),
         },
         bytes_sent=int(log.messages["bytes"].sum()),
-        wall_s=old.get("cost", {}).get("wall_s", 0.0),
-        detector_s=old.get("cost", {}).get("detector_s", 0.0),
+        wall_s=_number(cost.get("wall_s")),
+        detector_s=_number(cost.get("detector_s")),
         optimum_loss=meta.get("optimum_loss"),
         impact=impact,
-        sim_time_s=old.get("transport", {}).get("sim_time_s"),
+        sim_time_s=(old.get("transport") or {}).get("sim_time_s") if isinstance(old.get("transport"), dict) else None,
         clean=twins.get("clean"),
+        rule=run.rule,
     )
-    summary["transport"].update(meta.get("transport", {}))  # the simulated clock's figures (runner.run)
-    summary["cost"]["recomputed_messages"] = old.get("cost", {}).get("recomputed_messages", 0)
+    summary["transport"].update(meta.get("transport", {}) if isinstance(meta.get("transport"), dict) else {})
+    summary["cost"]["recomputed_messages"] = int(_number(cost.get("recomputed_messages")))
     rule = (summary["detection"].get("roc") or {}).get("rule")
-    if rule and (out_dir / "confirm" / "events.npz").is_file():
-        c = EventLog.load(out_dir / "confirm")
-        used = yaml.safe_load((out_dir / "confirm" / "scenario.yaml").read_text())["detector"][rule["threshold_key"]]
+    if rule and run.confirm is not None:
+        c, used = run.confirm
         summary["detection"]["roc"]["confirmation"] = confirmation_metrics(
             c, c.meta.get("malicious", []), rule["recommended"], rule["threshold_key"], used)
     return finish(out_dir, log, summary)
+
+
+def _number(v) -> float:
+    """A saved figure, or 0.0 when a tampered summary holds something else."""
+    return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) else 0.0
 
 
 def _f(v, fmt=".4f") -> str:

@@ -57,8 +57,12 @@ def build_summary(
     impact: dict | None = None,
     sim_time_s: float | None = None,
     clean: EventLog | None = None,
+    rule: dict | None | str = "from_scenario",
 ) -> dict:
+    """`rule`: the detector's threshold rule; by default asked of the scenario's detector plug-in (a saved
+    folder passes the rule it saved, so re-scoring needs no plug-in code)."""
     final = result["final_val_loss"]
+    rule = threshold_rule(scenario) if rule == "from_scenario" else rule
     return {
         "scenario": scenario.name,
         "seed": scenario.seed,
@@ -80,8 +84,7 @@ def build_summary(
             "messages": message_metrics(log),
             "workers": worker_metrics(log, malicious),
             # per-statistic AUROC and the rule's recommended threshold; `curves` is moved to roc_curves.json
-            "roc": roc_report(log, threshold_rule(scenario), scenario.scoring.target_fpr, scenario.detector.mode,
-                              clean),
+            "roc": roc_report(log, rule, scenario.scoring.target_fpr, scenario.detector.mode, clean),
             "clean_twin": clean_twin_metrics(clean, scenario.training.steps),
         },
         "impact": impact or {"clean_val_loss": None, "undefended_val_loss": None, "defended_val_loss": None},

@@ -336,8 +336,8 @@ def build_codecs(transport) -> dict[Role, Codec]:
     from sentinel.registry import CODECS as registry
 
     specs = {
-        Role.ACTIVATION: getattr(transport, "activation_codec", None) or transport.codec,
-        Role.GRADIENT: getattr(transport, "gradient_codec", None) or transport.codec,
+        Role.ACTIVATION: transport.activation_codec or transport.codec,
+        Role.GRADIENT: transport.gradient_codec or transport.codec,
     }
     made: dict[int, Codec] = {}
     out = {}

@@ -1,9 +1,20 @@
-"""The Message: the one shape in which every tensor crosses a stage boundary."""
+"""The Message: the one shape in which every tensor crosses a stage boundary.
+
+A Message is a frozen value. Each party on its path makes a new one from the one it got
+(`dataclasses.replace`): the sender's step builds it, a malicious sender's adversary replaces its payload,
+the verifier's relay decodes the wire into the payload it judges. What the receiver got is a separate
+record (`sentinel.transport.relay.Delivery`).
+
+Message ids are canonical: a function of (step, microbatch, boundary, direction) and the mesh shape
+(`message_id`), so every process of a distributed run names a message the same way without asking anyone.
+"""
 
 from __future__ import annotations
 
 import dataclasses
 import enum
+import types
+from collections.abc import Mapping
 from typing import Any
 
 import torch
@@ -21,13 +32,23 @@ class Role(enum.IntEnum):
         return self.name.lower()
 
 
-@dataclasses.dataclass(slots=True)
+_NO_META: Mapping[str, Any] = types.MappingProxyType({})
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
 class Message:
     """A tensor in flight between two workers.
 
-    `boundary` b is the link between stage b and stage b+1 (both directions use the same index).
-    `payload` is the tensor as sent by the sender (before the codec) and, after delivery, as decoded.
-    `msg_id` is assigned by the EventLog when the message enters the transport.
+    Attributes:
+        step, mb_idx: the optimizer step and the microbatch.
+        boundary: b is the link between stage b and stage b+1 (both directions use the same index).
+        role: ACTIVATION (forward) or GRADIENT (backward).
+        sender, receiver: worker ids `s{stage}r{replica}`.
+        payload: the tensor as the sender sends it (before the codec) or, at the verifier, as decoded.
+        msg_id: the canonical id (`message_id`), -1 for DP-sync contributions.
+        wire_bytes: bytes on the wire (set by the relay).
+        wire_view: the codec's compressed representation (`Codec.wire_view`), for `detector.view: wire`.
+        meta: public metadata (read-only).
     """
 
     step: int
@@ -37,9 +58,14 @@ class Message:
     sender: str
     receiver: str
     payload: torch.Tensor
-    wire_bytes: int = 0
     msg_id: int = -1
-    meta: dict[str, Any] = dataclasses.field(default_factory=dict)  # public, e.g. codec metadata
+    wire_bytes: int = 0
+    wire_view: torch.Tensor | None = None
+    meta: Mapping[str, Any] = dataclasses.field(default_factory=lambda: _NO_META)
+
+    def replace(self, **changes: Any) -> Message:
+        """A new message with `changes` (this one is left as it is)."""
+        return dataclasses.replace(self, **changes)
 
 
 @dataclasses.dataclass(slots=True)
@@ -51,6 +77,17 @@ class Wire:
 
     def nbytes(self) -> int:
         return sum(t.numel() * t.element_size() for t in self.tensors.values())
+
+
+def hop(boundary: int, role: Role, num_stages: int) -> int:
+    """Position of a message on its microbatch's path: activations across 0..S-2, then gradients S-2..0."""
+    return boundary if role == Role.ACTIVATION else 2 * (num_stages - 1) - 1 - boundary
+
+
+def message_id(step: int, mb_idx: int, boundary: int, role: Role, num_microbatches: int, num_stages: int) -> int:
+    """The canonical id of a boundary message: steps, then microbatches, then hops along the path."""
+    hops = 2 * (num_stages - 1)
+    return (step * num_microbatches + mb_idx) * hops + hop(boundary, role, num_stages)
 
 
 def canonical_key(msg: Message) -> tuple[int, int, int, int]:

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 import torch
 
@@ -28,6 +28,9 @@ from sentinel.errors import RunError
 from sentinel.registry import CODECS
 from sentinel.transport.codecs import VALUE_DTYPES, Codec, CodecContext, derive_seed, rows_of
 from sentinel.transport.message import Role, Wire
+
+if TYPE_CHECKING:  # the step program calls these hooks; they do not import it at run time
+    from sentinel.engine.step import StepProgram, StepState
 
 
 def token_dtype(vocab: int) -> torch.dtype:
@@ -113,9 +116,8 @@ class Subspace(Codec, StepHook):
         return wire.tensors["c"].float()
 
     # -- engine hooks ------------------------------------------------------------------------------
-    def attach(self, engine) -> None:
-        first = engine.replicas[engine.workers.live_in_stage(0)[0]].module
-        self.bind(first.embed.weight, engine.vocab, self._step_tokens, engine.sc.seed)
+    def attach(self, engine: StepProgram) -> None:
+        self.bind(engine.templates[0].embed.weight, engine.vocab, self._step_tokens, engine.sc.seed)
         if self.config.project_weights:
             self.project(engine)
 
@@ -124,23 +126,23 @@ class Subspace(Codec, StepHook):
             raise RunError(f"subspace codec: no tokens for step {step} (before_pipeline was not called)")
         return self._batch[1][mb, :, :-1]
 
-    def before_pipeline(self, engine, st) -> None:
+    def before_pipeline(self, engine: StepProgram, st: StepState) -> None:
         self._batch = (st.step, st.batch)
 
-    def after_update(self, engine, st) -> None:
+    def after_update(self, engine: StepProgram, st: StepState) -> None:
         if self.config.project_weights:
             self.project(engine)
 
     @torch.no_grad()
-    def project(self, engine) -> None:
+    def project(self, engine: StepProgram) -> None:
         """W <- U U^T W for every output projection; E <- E_f + (E - E_f) U U^T (every live replica)."""
         d = engine.sc.model.dim
         U = self.basis(d)
         P = U @ U.T  # d, d
-        for i in range(len(engine.replicas)):
+        for i, rep in engine.replicas.items():
             if not engine.workers.live[i]:
                 continue
-            m = engine.replicas[i].module
+            m = rep.module
             for block in m.blocks:
                 for lin in (block.attn.out, block.mlp.down):
                     lin.weight.copy_(P @ lin.weight)

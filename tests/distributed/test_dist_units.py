@@ -13,53 +13,62 @@ from hypothesis import strategies as st
 from sentinel.cli import main
 from sentinel.distributed import wire as W
 from sentinel.distributed.faults import parse_faults
-from sentinel.distributed.flow import RelayFlow
 from sentinel.distributed.mapping import RankMap
 from sentinel.distributed.merge import log_from_bytes, log_to_bytes, merge
 from sentinel.distributed.runtime import check_supported
-from sentinel.engine.schedule import execute
-from sentinel.engine.sim import SimEngine
 from sentinel.engine.workers import WorkerTable
 from sentinel.errors import ConfigError
 from sentinel.eventlog import EventLog
-from sentinel.transport.message import Message, Role, Wire
+from sentinel.transport.message import Message, Role, Wire, message_id
 from tests.conftest import tiny
 
 QUICKSTART = Path(__file__).resolve().parents[2] / "scenarios" / "quickstart.yaml"
 
 
 # -- mapping -------------------------------------------------------------------------------------------
-@pytest.mark.parametrize("S,R,N", [(4, 2, 5), (4, 2, 9), (3, 3, 6), (3, 3, 8), (2, 5, 4), (1, 1, 2)])
+@pytest.mark.parametrize("S,R,N", [(4, 2, 5), (4, 2, 7), (4, 2, 11), (3, 3, 6), (3, 3, 8), (2, 5, 4), (1, 1, 2),
+                                   (16, 11, 191)])
 def test_every_worker_has_one_rank_and_every_rank_one_stage(S, R, N):
     m = RankMap(S, R, N)
     workers = WorkerTable(S, R)
+    V = m.num_verifiers
+    assert V == max(1, min(S - 1, N - S))  # one verifier per boundary when the processes allow it
+    assert sorted(b for r in range(V) for b in m.boundaries(r)) == list(range(S - 1))  # each boundary once
+    assert all(list(m.boundaries(r)) == sorted(m.boundaries(r)) for r in range(V))  # contiguous groups
     assert set(m.host) == set(workers.ids)
-    assert set(m.host.values()) == set(range(1, N))  # every worker rank hosts someone; rank 0 hosts no worker
-    for rank in range(1, N):
+    assert set(m.host.values()) == set(range(V, N))  # every worker rank hosts someone; verifiers host no worker
+    for rank in range(V, N):
         stages = {workers.stage[i] for i in m.hosted(rank, workers)}
         assert len(stages) == 1 and stages == {m.stage_of_rank(rank)}
         hosted = m.hosted(rank, workers)
         assert hosted == list(range(hosted[0], hosted[-1] + 1))  # contiguous groups
-    if N == S * R + 1:
-        assert all(len(m.hosted(r, workers)) == 1 for r in range(1, N))
+    if N == S * R + V:
+        assert all(len(m.hosted(r, workers)) == 1 for r in range(V, N))
+
+
+def test_verifier_count_is_chosen_or_checked():
+    assert RankMap(4, 2, 11).num_verifiers == 3 and RankMap(4, 2, 5).num_verifiers == 1
+    assert RankMap(4, 2, 8, verifiers=2).boundaries(0) == [0, 1]  # several boundaries per process
+    with pytest.raises(ConfigError, match="--verifiers 4: between 1 and 3"):
+        RankMap(4, 2, 11, verifiers=4)
 
 
 def test_world_size_outside_the_mesh_is_a_located_error():
     with pytest.raises(ConfigError, match="use --nproc between 5 and 9"):
         RankMap(4, 2, 4)
-    with pytest.raises(ConfigError, match="between 5 and 9"):
-        RankMap(4, 2, 10)
+    with pytest.raises(ConfigError, match="use --nproc between 7 and 11"):
+        RankMap(4, 2, 12)
 
 
 def test_a_replacement_goes_to_the_least_loaded_rank_of_its_stage():
-    m, workers = RankMap(3, 3, 6), WorkerTable(3, 3)  # stage 1 on ranks 3 (r0, r1) and 4 (r2)
-    assert (m.host["s1r0"], m.host["s1r1"], m.host["s1r2"]) == (3, 3, 4)
+    m, workers = RankMap(3, 3, 7), WorkerTable(3, 3)  # 2 verifiers; stage 1 on ranks 4 (r0, r1) and 5 (r2)
+    assert (m.host["s1r0"], m.host["s1r1"], m.host["s1r2"]) == (4, 4, 5)
     workers.ban("s1r2")
     idx = workers.add_replacement(1)
-    assert m.place(workers.ids[idx], 1, workers) == 4
+    assert m.place(workers.ids[idx], 1, workers) == 5
     workers.ban("s1r0")
     idx = workers.add_replacement(1)
-    assert m.place(workers.ids[idx], 1, workers) == 3  # tie (one live each): the lower rank
+    assert m.place(workers.ids[idx], 1, workers) == 4  # tie (one live each): the lower rank
 
 
 # -- wire ----------------------------------------------------------------------------------------------
@@ -108,93 +117,77 @@ def test_fault_specs_are_validated():
 
 # -- merge ---------------------------------------------------------------------------------------------
 def _msg(log, step, mb, boundary, role, sender, receiver):
-    m = Message(step, mb, boundary, Role(role), sender, receiver, torch.zeros(1), wire_bytes=4)
-    m.msg_id = log.next_message_id()
+    m = Message(step, mb, boundary, Role(role), sender, receiver, torch.zeros(1), wire_bytes=4, msg_id=len(log.messages))
     log.log_message(m)
     return m
 
 
-def test_merge_maps_provisional_ids_and_orders_rows_as_sim():
-    relay = EventLog()
+def test_merge_joins_the_parts_and_orders_rows_as_sim():
+    """Verifier parts hold messages and verdicts, worker parts ground truth and losses; ids are canonical."""
+    base, verifier1, worker1, worker2 = EventLog(), EventLog(), EventLog(), EventLog()
     for w in ("s0r0", "s1r0", "s2r0"):
-        relay.worker_index(w)
-    a = _msg(relay, 0, 0, 0, 0, "s0r0", "s1r0")
-    b = _msg(relay, 0, 0, 1, 0, "s1r0", "s2r0")
-    c = _msg(relay, 0, 0, 0, 1, "s1r0", "s0r0")
-    part1, part0 = EventLog(), EventLog()
-    part1.log_tamper(Message(0, 0, 0, Role.GRADIENT, "s1r0", "s0r0", torch.zeros(1), msg_id=1 << 40), "scaling", 2.0)
-    part1.log_tamper(Message(0, 0, 1, Role.ACTIVATION, "s1r0", "s2r0", torch.zeros(1), msg_id=7), "bias", 1.0)
-    part1.log_tamper(Message(0, -1, 1, Role.DP_GRADIENT, "s1r0", "", torch.zeros(1)), "ipm", 0.5)
-    part0.log_tamper(Message(0, 0, 0, Role.ACTIVATION, "s0r0", "s1r0", torch.zeros(1), msg_id=99), "bias", 1.0)
-    part1.log_loss(0, 1, 2.0)
-    part0.log_loss(0, 0, 3.0)
-    merged = log_from_bytes(log_to_bytes(merge(relay, [log_from_bytes(log_to_bytes(p)) for p in (part1, part0)])))
+        base.worker_index(w)
+    a = _msg(base, 0, 0, 0, 0, "s0r0", "s1r0")
+    c = _msg(base, 0, 0, 0, 1, "s1r0", "s0r0")
+    b = Message(0, 0, 1, Role.ACTIVATION, "s1r0", "s2r0", torch.zeros(1), wire_bytes=4, msg_id=a.msg_id + 1)
+    verifier1.log_message(b)
+    a, b, c = a.replace(msg_id=0), b.replace(msg_id=1), c.replace(msg_id=3)  # hop order: 0 -> 1 forward, 1 -> 0 back
+    base.messages._cols["id"][:2] = [0, 3]
+    verifier1.messages._cols["id"][:1] = [1]
+    worker1.log_tamper(c, "scaling", 2.0)
+    worker1.log_tamper(b, "bias", 1.0)
+    worker1.log_tamper(Message(0, -1, 1, Role.DP_GRADIENT, "s1r0", "", torch.zeros(1)), "ipm", 0.5)
+    worker2.log_tamper(a, "bias", 1.0)
+    worker1.log_loss(0, 1, 2.0)
+    worker2.log_loss(0, 0, 3.0)
+    base.log_ban(0, "s1r0")
+    worker1.log_ban(0, "s1r0")  # every rank applies a ban: the coordinator's record is the one kept
+    parts = [("verifier", verifier1), ("worker", worker1), ("worker", worker2)]
+    merged = log_from_bytes(log_to_bytes(merge(base, [(k, log_from_bytes(log_to_bytes(p))) for k, p in parts])))
+    assert list(merged.messages["id"]) == [0, 1, 3]
     g = merged.ground_truth
-    assert list(g["msg"]) == [a.msg_id, b.msg_id, c.msg_id, -1]
+    assert list(g["msg"]) == [0, 1, 3, -1]
     assert [merged.attacks[i] for i in g["attack"]] == ["bias", "bias", "scaling", "ipm"]
-    assert merged.attacks == ["bias", "scaling", "ipm"]  # first appearance, as sim appends them
-    assert list(merged.losses["mb"]) == [0, 1]
-    assert len(merged.messages) == 3 and merged.workers == ["s0r0", "s1r0", "s2r0"]
+    assert merged.attacks == ["bias", "scaling", "ipm"]  # first appearance in canonical order
+    assert list(merged.losses["mb"]) == [0, 1] and len(merged.bans) == 1
+    assert merged.workers == ["s0r0", "s1r0", "s2r0"]
 
 
-# -- the relay's flow is sim's control flow --------------------------------------------------------------
-class _Drop:
-    """Drops a fixed set of (step, mb, boundary, role) messages."""
+def test_canonical_order_does_not_depend_on_logging_order():
+    """The same rows logged in two orders give identical logs once canonical (sim logs in executor order)."""
+    import random
 
-    def __init__(self, drops):
-        self.drops = drops
-
-    def observe(self, msg):
-        from sentinel.detectors import Verdict
-
-        return Verdict({}, False)
-
-    def deliver(self, msg, verdict, substitute=None):
-        return None if (msg.step, msg.mb_idx, msg.boundary, int(msg.role)) in self.drops else msg.payload
-
-    def substitute(self, msg):
-        return None
-
-    def end_step(self, step, records):
-        pass
-
-
-@pytest.mark.parametrize("schedule", ["1f1b", "gpipe"])
-def test_relay_flow_takes_messages_in_sims_order_under_drops(schedule):
-    drops = {(0, 0, 1, 0), (0, 2, 0, 1), (0, 3, 2, 0), (0, 1, 1, 1)}
-    sc = tiny("pipeline.replicas=2", "pipeline.microbatches=5", f"pipeline.schedule={schedule}", "training.steps=1")
-    drop = _Drop(drops)
-    eng = SimEngine(sc, verifier=drop, responder=drop)
-    plan = eng.router.route(0, eng.num_microbatches)
-    eng.train_step()
-    m = eng.log.messages
-    sim_order = list(zip(m["mb"], m["boundary"], m["role"]))
-    order, posts = [], []
-
-    def carry(mb, boundary, role, sender, receiver):
-        assert (sender, receiver) == (plan[mb, boundary + (role == 1)], plan[mb, boundary + (role == 0)])
-        order.append((mb, boundary, int(role)))
-        return None if (0, mb, boundary, int(role)) in drops else torch.zeros(1)
-
-    flow = RelayFlow(eng.num_stages, plan, carry, lambda kind, s, mb, t: posts.append((kind, s, mb)))
-    execute(eng.schedule, flow.ready, flow.run)
-    assert order == sim_order
-    # every forward after stage 0 gets exactly one input; every backward that needs one gets exactly one
-    assert len(posts) == len(set(posts))
-    assert {(s, mb) for k, s, mb in posts if k == W.KIND_ACT} == {(s, mb) for s in range(1, 4) for mb in range(5)}
+    rows = [(step, mb, b, role) for step in range(2) for mb in range(3) for b in range(2) for role in (0, 1)]
+    logs = []
+    for seed in (0, 1):
+        log = EventLog()
+        shuffled = rows[:]
+        random.Random(seed).shuffle(shuffled)
+        for step, mb, b, role in shuffled:
+            m = Message(step, mb, b, Role(role), "s1r0", "s0r0", torch.zeros(1), msg_id=message_id(step, mb, b, Role(role), 3, 3))
+            log.log_message(m)
+            if mb == 1:
+                log.log_tamper(m, "bias" if role else "scaling", 1.0)
+            log.log_loss(step, mb, float(mb))
+        logs.append(log.canonicalize())
+    for t in EventLog.TABLES:
+        for k, v in getattr(logs[0], t).as_arrays().items():
+            np.testing.assert_array_equal(v, getattr(logs[1], t)[k], err_msg=f"{t}.{k}")
+    assert logs[0].attacks == logs[1].attacks
 
 
 # -- what the dist backend refuses, and the CLI ------------------------------------------------------------
-def test_features_the_dist_backend_does_not_run_are_config_errors():
-    check_supported(tiny())
-    with pytest.raises(ConfigError, match="recomputation"):
-        check_supported(tiny("detector.name=duplication"))
+def test_the_dist_backend_refuses_no_scenario_feature():
+    for overrides in ((), ("detector.name=duplication",), ("transport.async.max_staleness=2",),
+                      ("pipeline.replicas=3", "adversary.fraction=0.34", "detector.name=sentinel",
+                       "adversary.attacks=[{name: intermittent, attack: fence_evasion}]")):
+        check_supported(tiny(*overrides))
 
 
 def test_cli_dist_flags_are_checked_before_anything_starts(capsys, tmp_path):
     qs = str(QUICKSTART)
     assert main(["run", qs, "--backend", "dist", "--nproc", "3", "--out", str(tmp_path / "a")]) == 2
-    assert "use --nproc between 5 and 9" in capsys.readouterr().err
+    assert "use --nproc between 5 and 9" in capsys.readouterr().err  # 3 processes cannot host 4 stages
     assert main(["run", qs, "--nproc", "5", "--out", str(tmp_path / "b")]) == 2
     assert "only used with --backend dist" in capsys.readouterr().err
 

@@ -11,11 +11,11 @@ import pytest
 import torch
 
 from sentinel import runner, scenario
+from sentinel.engine.clock import network_report
 from sentinel.engine.sim import SimEngine
 from sentinel.errors import ConfigError
 from sentinel.registry import CODECS
 from sentinel.transport import Role
-from sentinel.transport.clock import network_report
 from tests.conftest import tiny
 
 LIBRARY = Path(__file__).resolve().parents[2] / "scenarios" / "compression"
@@ -40,10 +40,10 @@ def test_codec_trains_and_charges_exact_bytes(name):
     losses = steps(eng, 2)
     assert all(np.isfinite(losses))
     m = eng.log.messages
-    codec = eng.transport.codecs[Role.ACTIVATION]
+    codec = eng.codecs[Role.ACTIVATION]
     shape = (4, 16, 32)  # batch, seq_len, dim of `tiny`
     expect = [codec.expected_nbytes(shape, Role(int(r))) for r in m["role"]]
-    assert m["bytes"].tolist() == expect and eng.transport.bytes_sent == sum(expect)
+    assert m["bytes"].tolist() == expect and eng.bytes_sent == sum(expect)
 
 
 def test_identity_codec_and_network_clock_leave_numbers_bit_identical():
@@ -81,7 +81,7 @@ class _Check:
 
         sent = self.rec.sent[msg.msg_id]
         self.err.append(float((msg.payload - sent).norm() / sent.norm()))
-        assert "wire" in msg.meta and msg.meta["wire_view"].is_floating_point()
+        assert msg.wire_view is not None and msg.wire_view.is_floating_point()
         return Verdict({}, False)
 
 
@@ -94,7 +94,7 @@ def test_subspace_with_weight_projection_is_lossless(project, lossless):
     steps(eng, 3)
     acts = [e for e, r in zip(check.err, eng.log.messages["role"]) if r == Role.ACTIVATION]
     assert (max(acts) < 1e-4) == lossless
-    assert eng.transport.bytes_sent < 72 * 4 * 16 * 32 * 4 / 7  # 72 messages, ~8x smaller than float32
+    assert eng.bytes_sent < 72 * 4 * 16 * 32 * 4 / 7  # 72 messages, ~8x smaller than float32
 
 
 def test_random_mask_links_dominated_throughput_ratio():
@@ -105,7 +105,7 @@ def test_random_mask_links_dominated_throughput_ratio():
     steps(dense, 2)
     steps(masked, 2)
     d, m = network_report(dense), network_report(masked)
-    assert dense.transport.bytes_sent / masked.transport.bytes_sent == pytest.approx(20, rel=1e-3)  # k = round(q n)
+    assert dense.bytes_sent / masked.bytes_sent == pytest.approx(20, rel=1e-3)  # k = round(q n)
     assert 8 < m["sim_tokens_per_s"] / d["sim_tokens_per_s"] < 20
 
 

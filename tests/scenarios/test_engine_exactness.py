@@ -83,7 +83,7 @@ def test_every_boundary_tensor_is_one_logged_message():
     m = eng.log.messages
     S, M = 4, 4
     assert len(m) == 2 * (S - 1) * M * 2  # 2 steps, both directions, every boundary and microbatch
-    assert eng.transport.bytes_sent == int(m["bytes"].sum()) == len(m) * 4 * 16 * 32 * 4
+    assert eng.bytes_sent == int(m["bytes"].sum()) == len(m) * 4 * 16 * 32 * 4
     assert set(np.unique(m["role"])) == {0, 1}
 
 

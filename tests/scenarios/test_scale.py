@@ -24,4 +24,4 @@ def test_scale_scenarios_run_a_step(name, workers):
     assert len(eng.log.messages) == 2 * (S - 1) * M
     # parameters held grow linearly: R copies of one model, nothing per pair of workers
     one_copy = num_params([eng.replicas[eng.workers.live_in_stage(s)[0]].module for s in range(S)])
-    assert num_params([r.module for r in eng.replicas]) == one_copy * sc.pipeline.replicas
+    assert num_params([r.module for r in eng.replicas.values()]) == one_copy * sc.pipeline.replicas

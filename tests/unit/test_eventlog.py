@@ -21,8 +21,7 @@ def test_table_grows_and_adds_columns_lazily():
 
 
 def _msg(log, step, role=Role.ACTIVATION):
-    m = Message(step, 0, 1, role, "s1r0", "s2r1", torch.ones(2, 3), wire_bytes=24)
-    m.msg_id = log.next_message_id()
+    m = Message(step, 0, 1, role, "s1r0", "s2r1", torch.ones(2, 3), wire_bytes=24, msg_id=len(log.messages))
     log.log_message(m)
     return m
 

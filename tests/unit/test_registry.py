@@ -64,6 +64,7 @@ def test_entry_point_plugins_are_loaded(monkeypatch, tmp_path):
         "type": "int",
         "default": 3,
         "help": "",
+        "range": "-10000000 <= x <= 10000000",  # integers without a stated range: the default bound
     }
     assert dataclasses.is_dataclass(reg.get("fancy").Config)
     monkeypatch.delitem(sys.modules, "third_party_widget")

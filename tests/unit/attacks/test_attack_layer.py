@@ -66,8 +66,7 @@ def test_first_matching_attack_wins_and_every_one_is_logged_once():
                   "attacks": [{"name": "bias", "b": 1.0, "every": 2}, {"name": "scaling", "alpha": 3.0}]})
     layer, _, log = layer_for(sc)
     for step in range(4):
-        msg = Message(step, 0, 1, Role.ACTIVATION, "s1r0", "s2r0", torch.ones(3))
-        msg.msg_id = step
+        msg = Message(step, 0, 1, Role.ACTIVATION, "s1r0", "s2r0", torch.ones(3), msg_id=step)
         out = layer.pre_codec(msg).payload
         assert torch.equal(out, torch.full((3,), 2.0 if step % 2 == 0 else 3.0))
     assert [log.attacks[i] for i in log.ground_truth["attack"]] == ["bias", "scaling", "bias", "scaling"]
@@ -79,8 +78,7 @@ def test_prob_draw_is_seeded_by_message_identity():
     for _ in range(2):
         layer, _, log = layer_for(sc)
         for step in range(300):
-            msg = Message(step, 0, 1, Role.ACTIVATION, "s1r0", "s2r0", torch.ones(2))
-            msg.msg_id = step
+            msg = Message(step, 0, 1, Role.ACTIVATION, "s1r0", "s2r0", torch.ones(2), msg_id=step)
             layer.pre_codec(msg)
         acted.append(log.ground_truth["msg"].tolist())
     assert acted[0] == acted[1] and 60 < len(acted[0]) < 120
@@ -168,7 +166,8 @@ class Recorder:
 def _recorded(adversary):
     mesh = {"pipeline": {"stages": 4, "replicas": 1, "microbatches": 2}, "training": {"steps": 1, "warmup_steps": 0}}
     engine = tiny_engine(adversary, **mesh) if adversary else runner.build_engine(scenario.validate({**MESH, **mesh}))
-    engine.transport.verifier = rec = Recorder()
+    rec = Recorder()
+    engine.install_defence(rec, None)
     engine.train_step()
     return rec.seen
 
@@ -200,27 +199,20 @@ def test_same_direction_colluders_share_one_direction():
     assert len(deltas) == 2 and torch.allclose(deltas[0], deltas[1], atol=1e-6)
 
 
-def test_runner_hands_the_verifiers_detector_view_to_the_adversary(monkeypatch):
-    class View:
-        def thresholds(self, boundary, role):
-            return {}
+def test_runner_hands_white_box_attacks_the_published_detector_state():
+    """The view reads a copy of the verifiers' detectors taken at the start of each step, never the live ones."""
+    from sentinel.detectors.verifier import DetectorView
 
-        def scores(self, boundary, role, payload):
-            return {}
-
-        def public_state(self):
-            return {}
-
-    class FakeVerifier(Recorder):
-        def detector_view(self):
-            return View()
-
-    import sentinel.detectors
-
-    monkeypatch.setattr(sentinel.detectors, "build_defence", lambda sc, mesh, recompute=None: (FakeVerifier(), None))
-    engine = tiny_engine({"fraction": 0.34, "attacks": [{"name": "fence_evasion"}]})
-    assert isinstance(engine.transport.adversary.view, View)
-    assert isinstance(engine.transport.adversary.entries[0].attack.view, View)
+    engine = tiny_engine({"fraction": 0.34, "attacks": [{"name": "fence_evasion"}]}, detector={"name": "sentinel"})
+    view = engine.adversary.entries[0].attack.view
+    assert isinstance(view, DetectorView) and engine.adversary.view is view
+    live = {b: v.detector for b, v in engine.verifiers.items()}
+    assert all(view._detectors[b] is not live[b] for b in live)  # copies
+    for _ in range(3):
+        engine.train_step()
+    b = 1
+    assert view._detectors[b]._streams.keys() <= live[b]._streams.keys()
+    assert len(view._detectors[b]._streams) > 0  # refreshed every step from the verifiers
 
 
 def test_norm_ratio_is_zero_safe():

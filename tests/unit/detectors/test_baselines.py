@@ -81,7 +81,7 @@ def test_duplication_substitutes_the_honest_tensor(tiny_scenario):
                        "adversary.attacks=[{name: scaling, role: activation, start: 1, alpha: 3.0}]")
     engine = build_engine(sc)
     pairs = []
-    responder = engine.transport.responder
+    responder = engine.responder
     inner = responder.deliver
 
     def deliver(msg, verdict, substitute):

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from sentinel.detectors.base import Verdict
-from sentinel.engine.workers import MeshControl, WorkerTable
+from sentinel.engine.workers import MeshControl, MeshEvent, WorkerTable
 from sentinel.response import Responder
 from sentinel.scenario import ResponseConfig
 from sentinel.transport.message import Message, Role
@@ -166,8 +166,8 @@ def test_the_response_policy_cannot_reach_ground_truth(tiny_scenario):
     sc = tiny_scenario("pipeline.replicas=3", "detector.name=sentinel", "adversary.placement=explicit",
                        "adversary.workers=[s1r0]", "adversary.attacks=[{name: scaling, role: both}]")
     engine = build_engine(sc)
-    assert isinstance(engine.transport.adversary, AdversaryLayer)
-    for root in (engine.transport.responder, engine.transport.verifier):
+    assert isinstance(engine.adversary, AdversaryLayer)
+    for root in (engine.responder, *engine.verifiers.values()):
         seen, todo = set(), [root]
         while todo:
             obj = todo.pop()
@@ -195,18 +195,19 @@ def test_bad_response_config_is_a_located_error(tiny_scenario, key, value):
 def test_engine_replacement_copies_weights_and_optimizer_state(tiny_scenario):
     from sentinel.engine.sim import SimEngine
 
-    eng = SimEngine(tiny_scenario("pipeline.replicas=2", "training.steps=2"))
+    eng = SimEngine(tiny_scenario("pipeline.replicas=2", "training.steps=3"))
     eng.train_step()
-    wid = eng.mesh.rejoin(1, "s1r0", 1)  # an addition to stage 1 (here: a rejoin, which needs no ban)
-    eng._apply_mesh_events()
-    assert wid == "s1r2" and eng.workers.live_in_stage(1)[-1] == len(eng.replicas) - 1
-    src, new = eng.replicas[eng.workers.index("s1r0")], eng.replicas[-1]
+    added = eng.apply_events([MeshEvent("add", 1, "s1r2", 1)])  # a replacement, as the response policy decides
+    eng._add_replica("s1r2", 1, None)  # built after the step's update (train_step does this)
+    new_idx = eng.workers.index("s1r2")
+    assert [ev.worker for ev in added] == ["s1r2"] and eng.workers.live_in_stage(1)[-1] == new_idx
+    src, new = eng.replicas[eng.workers.index("s1r0")], eng.replicas[new_idx]
     for a, b in zip(src.params, new.params):
         assert torch.equal(a, b) and a.data_ptr() != b.data_ptr()
     s_state, n_state = src.optimizer.state_dict()["state"], new.optimizer.state_dict()["state"]
     assert s_state.keys() == n_state.keys() and torch.equal(s_state[0]["exp_avg"], n_state[0]["exp_avg"])
     eng.train_step()  # the newcomer is routed and stays in sync under synchronous DP
-    for a, b in zip(eng.replicas[eng.workers.index("s1r0")].params, eng.replicas[-1].params):
+    for a, b in zip(eng.replicas[eng.workers.index("s1r0")].params, new.params):
         torch.testing.assert_close(a, b)
 
 

@@ -97,8 +97,10 @@ def test_reference_of_reads_the_right_input_per_direction():
     from sentinel.detectors.base import DetectorEnv
     from sentinel.transport.message import Message, Role
 
+    from sentinel.transport.relay import SenderInputs
+
     x_in, g_in = torch.ones(2), torch.zeros(2)
-    env = DetectorEnv(sender_inputs=lambda msg: (x_in, g_in))
+    env = DetectorEnv(sender_inputs=lambda msg: SenderInputs((0, 0, 1, int(msg.role)), x_in, g_in))
     fwd = Message(0, 0, 1, Role.ACTIVATION, "s1r0", "s2r0", torch.ones(2))
     bwd = Message(0, 0, 1, Role.GRADIENT, "s2r0", "s1r0", torch.ones(2))
     assert reference_of(env, fwd) is x_in and reference_of(env, bwd) is g_in

@@ -10,7 +10,7 @@ import torch
 
 import sentinel.detectors as detectors_pkg
 from sentinel.detectors.base import Detector, Marker, Verdict
-from sentinel.detectors.verifier import Verifier
+from sentinel.detectors.verifier import Verifier, detector_view
 from sentinel.transport.message import Message, Role
 
 SHAPE = (2, 4, 8)
@@ -51,17 +51,43 @@ def test_corrupt_payloads_are_flagged_without_reaching_the_detector(payload):
     assert det.seen == []
 
 
-def test_cascade_suppression_pauses_the_rest_of_the_microbatch():
-    det = Recorder()
-    v = Verifier(det, payload_shape=SHAPE)
-    assert v.observe(m(3, 1, 0, Role.ACTIVATION, 500.0)).flagged  # flagged at boundary 0
-    paused = [v.observe(m(3, 1, 1, Role.ACTIVATION)), v.observe(m(3, 1, 1, Role.GRADIENT, 500.0)),
-              v.observe(m(3, 1, 0, Role.GRADIENT))]
-    assert all(not p.flagged and p.markers == {Marker.PAUSED} and not p.judged for p in paused)
-    assert det.seen == [(3, 1, 0, 0)]  # the detector neither judged nor learned from downstream traffic
-    assert not v.observe(m(3, 2, 1, Role.ACTIVATION)).flagged  # other microbatches are checked
-    assert v.observe(m(4, 1, 1, Role.ACTIVATION, 500.0)).flagged  # and a new step starts afresh
-    assert len(det.seen) == 3
+def test_cascade_suppression_pauses_the_rest_of_the_microbatch(tiny_scenario):
+    """Flag (step 1, mb 1) at boundary 0 and deliver it anyway: every later message of that microbatch in that
+    step is downstream of the flag and paused (not judged); other microbatches and the next step are judged."""
+
+    class FlagOne:
+        def __init__(self):
+            self.seen = []
+
+        def observe(self, msg):
+            key = (msg.step, msg.mb_idx, msg.boundary, int(msg.role))
+            self.seen.append(key)
+            return Verdict({}, key == (1, 1, 0, 0))
+
+        def substitute(self, msg):
+            return None
+
+    class Accept:
+        def deliver(self, msg, verdict, substitute):
+            return msg.payload
+
+        def end_step(self, step, records):
+            pass
+
+    from sentinel.engine.sim import SimEngine
+
+    det = FlagOne()
+    eng = SimEngine(tiny_scenario("training.steps=3"), verifier=det, responder=Accept())
+    for _ in range(3):
+        eng.train_step()
+    v, m_ = eng.log.verdicts, eng.log.messages
+    by_id = dict(zip(m_["id"].tolist(), zip(m_["step"].tolist(), m_["mb"].tolist(), m_["boundary"].tolist(),
+                                             m_["role"].tolist())))
+    paused = {by_id[i] for i, p in zip(v["msg"].tolist(), v["score_paused"].tolist()) if p == 1}
+    downstream = {(1, 1, b, 0) for b in (1, 2)} | {(1, 1, b, 1) for b in (0, 1, 2)}
+    assert paused == downstream  # the rest of that microbatch, nothing else
+    assert not paused & set(det.seen) and (1, 1, 0, 0) in det.seen  # the detector never saw them
+    assert {(1, 2, 1, 0), (2, 1, 1, 0)} <= set(det.seen)  # other microbatches, and the next step, are judged
 
 
 @pytest.mark.parametrize("own_checks", [False, True])
@@ -100,7 +126,7 @@ def test_detector_view_is_read_only():
     gen = torch.Generator().manual_seed(0)
     for s in range(10):
         v.observe(Message(s, 0, 0, Role.ACTIVATION, "s0r0", "s1r0", torch.randn(SHAPE, generator=gen)))
-    view = v.detector_view()
+    view = detector_view({0: v})
     before = det.public_state()
     probe = torch.randn(SHAPE, generator=gen)
     assert view.scores(0, Role.ACTIVATION, probe) == view.scores(0, Role.ACTIVATION, probe)
@@ -162,23 +188,24 @@ def test_ground_truth_is_never_touched_while_verifying(tiny_scenario):
                        "adversary.attacks=[{name: scaling, role: gradient, start: 3}]")
     log = GuardedLog()
     engine = build_engine(sc, log)
-    verifier = engine.transport.verifier
-    inner = verifier.observe
+    def guard(inner):
+        def guarded(msg):
+            log.verifying = True
+            try:
+                return inner(msg)
+            finally:
+                log.verifying = False
 
-    def guarded(msg):
-        log.verifying = True
-        try:
-            return inner(msg)
-        finally:
-            log.verifying = False
+        return guarded
 
-    verifier.observe = guarded
+    for verifier in engine.verifiers.values():
+        verifier.observe = guard(verifier.observe)
     engine.run()
     assert len(log.ground_truth) > 0 and len(log.verdicts) > 0
 
 
 def test_wire_view_shows_the_detector_the_compressed_representation():
-    """`detector.view: wire`: the detector reads msg.meta["wire_view"]; integrity is checked on the decoded tensor."""
+    """`detector.view: wire`: the detector reads msg.wire_view; integrity is checked on the decoded tensor."""
 
     class Shapes(Detector):
         def __init__(self):
@@ -191,15 +218,13 @@ def test_wire_view_shows_the_detector_the_compressed_representation():
 
     det = Shapes()
     v = Verifier(det, payload_shape=SHAPE, view="wire")
-    codes = m(0, 0, 1, Role.ACTIVATION)
-    codes.meta["wire_view"] = torch.arange(5.0)  # e.g. top-k values: a flat vector
+    codes = m(0, 0, 1, Role.ACTIVATION).replace(wire_view=torch.arange(5.0))  # e.g. top-k values: a flat vector
     assert not v.observe(codes).flagged and det.shapes == [(5, 1)]  # a bag of values, one feature each
     plain = m(0, 1, 1, Role.ACTIVATION)  # no wire view (no codec on this message): the decoded tensor
     v.observe(plain)
     assert det.shapes[-1] == SHAPE
-    bad = m(0, 2, 1, Role.ACTIVATION)
-    bad.payload[0, 0, 0] = float("nan")
-    bad.meta["wire_view"] = torch.ones(3)  # a clean-looking wire view cannot hide a corrupt decoded tensor
+    bad = m(0, 2, 1, Role.ACTIVATION).replace(wire_view=torch.ones(3))  # a clean-looking wire view cannot hide
+    bad.payload[0, 0, 0] = float("nan")  # a corrupt decoded tensor
     assert v.observe(bad).markers == {Marker.INTEGRITY} and len(det.shapes) == 2
 
 
@@ -231,7 +256,7 @@ def test_the_relay_checks_re_masked_replays_only_under_a_random_position_codec()
     def verifier(codec: str):
         sc = scenario_mod.load("scenarios/compression/random_mask95.yaml",
                                ["adversary.attacks=[]", "scoring.twins=[]", f"transport.codec={codec}"])
-        return build(sc, build_engine(sc).mesh)[0]
+        return build(sc, build_engine(sc).mesh)[0][0]
 
     assert verifier("{name: random_mask, keep: 0.05}").masked_roles == {Role.ACTIVATION, Role.GRADIENT}
     assert verifier("{name: topk, fraction: 0.01}").masked_roles == frozenset()

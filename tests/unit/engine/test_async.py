@@ -7,8 +7,8 @@ from types import SimpleNamespace
 import torch
 
 from sentinel.engine.asynchrony import Asynchrony
+from sentinel.engine.clock import NetworkClock
 from sentinel.engine.sim import SimEngine
-from sentinel.transport.clock import NetworkClock
 from tests.conftest import tiny
 
 SGD = ("training.optimizer=sgd", "training.momentum=0", "training.lr_schedule=constant", "training.warmup_steps=0",
@@ -65,7 +65,7 @@ def test_async_run_still_learns_and_is_deterministic():
 
 def _fake_engine(param: torch.nn.Parameter):
     rep = SimpleNamespace(wid="s0r0", stage_idx=0, params=[param])
-    return SimpleNamespace(replicas=[rep], workers=SimpleNamespace(live=[True], ids=["s0r0"]))
+    return SimpleNamespace(replicas={0: rep}, workers=SimpleNamespace(live=[True], ids=["s0r0"]))
 
 
 def test_lookahead_extrapolates_a_constant_velocity_exactly():

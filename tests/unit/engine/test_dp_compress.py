@@ -54,7 +54,7 @@ def test_compressed_allreduce_trains_and_counts_bytes():
     for _ in range(6):
         eng.train_step()
     assert eng.evaluate() < before
-    dense = sum(p.numel() for r in eng.replicas for p in r.params) * 4 * 6
+    dense = sum(p.numel() for r in eng.replicas.values() for p in r.params) * 4 * 6
     assert 0 < eng.dp_compressor.bytes_sent < dense / 2
 
 
@@ -70,9 +70,9 @@ def _two_replicas(values_a, values_b):
 
     reps = [SimpleNamespace(wid=w, params=[torch.nn.Parameter(torch.tensor(v))]) for w, v in (("a", values_a), ("b", values_b))]
     return SimpleNamespace(
-        num_stages=1, replicas=reps, aggregator=Mean(),
-        workers=SimpleNamespace(live_in_stage=lambda s: [0, 1]),
-        transport=SimpleNamespace(dp_contribution=lambda step, s, wid, v: v),
+        num_stages=1, replicas=dict(enumerate(reps)), aggregator=Mean(), adversary=None,
+        templates=[torch.nn.ParameterList(reps[0].params)], placement=SimpleNamespace(stages=lambda: [0]),
+        workers=SimpleNamespace(live_in_stage=lambda s: [0, 1]), collective=SimpleNamespace(gather=lambda s, rows: rows),
     )
 
 
@@ -95,14 +95,14 @@ def test_delayed_average_delta_correction_keeps_local_progress():
     hook.after_update(eng, SimpleNamespace(step=0))  # average 1.0 taken now, applied after step 1
     assert eng.replicas[0].params[0].item() == 0.0
     with torch.no_grad():
-        for r in eng.replicas:
+        for r in eng.replicas.values():
             r.params[0].add_(10.0)  # one more local step each
     hook.pending = hook.pending[:1]
     hook.round = 0
     hook.cfg = tiny("dp.sync=sparse_avg", "dp.sparse_avg.every=1000", "dp.sparse_avg.fraction=1",
                     "dp.sparse_avg.delay=1").dp.sparse_avg  # no new round: watch the pending one land
     hook.after_update(eng, SimpleNamespace(step=1))
-    assert [r.params[0].item() for r in eng.replicas] == [11.0, 11.0]  # 10 + avg(0, 2)
+    assert [r.params[0].item() for r in eng.replicas.values()] == [11.0, 11.0]  # 10 + avg(0, 2)
 
 
 def test_sparse_avg_engine_runs_local_steps_and_averages():

@@ -16,8 +16,7 @@ def _log(rows):
     """rows: (step, mb, boundary, role, sender, tampered_by or None, flagged or None)."""
     log = EventLog()
     for step, mb, b, role, sender, attack, flagged in rows:
-        m = Message(step, mb, b, role, sender, "x", torch.zeros(1))
-        m.msg_id = log.next_message_id()
+        m = Message(step, mb, b, role, sender, "x", torch.zeros(1), msg_id=len(log.messages))
         log.log_message(m)
         if attack:
             log.log_tamper(m, attack, 1.0)
@@ -99,3 +98,13 @@ def test_arl0():
     quiet = _log([(s, 0, 0, A, "s0r0", None, False) for s in range(10)])
     r = arl0(quiet, 10)
     assert r["arl0"] is None and "no false alarm in 10 steps" in r["note"]
+
+
+def test_a_worker_banned_for_an_injected_fault_is_a_true_ban():
+    """dist `--fault`: the fault's sender is not in the adversary's malicious list, but it sent the bad
+    message (ground truth `fault_shape`) and was banned for it: a true ban, and its fault was banned."""
+    log = _log([(0, 0, 0, A, "s0r0", "fault_shape", True), (0, 1, 0, A, "s0r1", None, False)])
+    log.log_ban(0, "s0r0")
+    w = worker_metrics(log, malicious=[])
+    assert w["false_bans"] == 0 and w["banned"] == ["s0r0"]
+    assert w["precision"] == 1.0 and w["recall"] == 1.0 and w["attacks_never_banned"] == []

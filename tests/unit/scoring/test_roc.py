@@ -58,8 +58,7 @@ def _log(rows):
     """rows: (step, sender, tampered, scores, flagged)."""
     log = EventLog()
     for i, (step, sender, tampered, scores, flagged) in enumerate(rows):
-        m = Message(step, i, 0, A, sender, "x", torch.zeros(1))
-        m.msg_id = log.next_message_id()
+        m = Message(step, i, 0, A, sender, "x", torch.zeros(1), msg_id=len(log.messages))
         log.log_message(m)
         if tampered:
             log.log_tamper(m, "bias", 1.0)
@@ -101,8 +100,7 @@ def test_empty_logs_give_nothing_and_one_class_gives_no_auroc():
 def test_contaminated_downstream_messages_are_neither_positive_nor_negative():
     log = EventLog()
     for b, sender, tampered, e in ((0, "s0r0", True, 8.0), (1, "s1r0", False, 9.0), (0, "s0r1", False, 1.0)):
-        m = Message(5, 0 if sender != "s0r1" else 1, b, A, sender, "x", torch.zeros(1))
-        m.msg_id = log.next_message_id()
+        m = Message(5, 0 if sender != "s0r1" else 1, b, A, sender, "x", torch.zeros(1), msg_id=len(log.messages))
         log.log_message(m)
         if tampered:
             log.log_tamper(m, "bias", 1.0)

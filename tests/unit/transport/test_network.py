@@ -7,7 +7,7 @@ import math
 import pytest
 
 from sentinel import scenario
-from sentinel.transport.clock import pipeline_throughput
+from sentinel.engine.clock import pipeline_throughput
 from sentinel.transport.network import Network, _Links, stragglers
 
 

@@ -11,11 +11,17 @@ model is explained without training it.
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
+from sentinel.engine.asynchrony import Asynchrony
 from sentinel.engine.hooks import StepHook, find_hook
 from sentinel.engine.schedule import Action, make_schedule
+from sentinel.engine.sparse_avg import SparseAveraging
 from sentinel.transport.message import Role
 from sentinel.transport.network import Network, _Links, simulate_step, stage_flops, stragglers
+
+if TYPE_CHECKING:  # the step program calls these hooks; they do not import it at run time
+    from sentinel.engine.step import StepProgram, StepState
 
 
 class ClockState:
@@ -78,7 +84,7 @@ class NetworkClock(StepHook):
         self._row = 0
         self.dp_bytes_sent = 0
 
-    def attach(self, engine) -> None:
+    def attach(self, engine: StepProgram) -> None:
         self._row = len(engine.log.messages)
         m = self.sc.model
         self.stage_flops = [stage_flops(engine.replicas[engine.workers.live_in_stage(s)[0]].module,
@@ -90,7 +96,7 @@ class NetworkClock(StepHook):
             self.net.node(w)
 
     # -- inputs of one step ------------------------------------------------------------------------
-    def _messages(self, engine) -> dict[tuple[str, int, int], tuple[str, str, int, int]]:
+    def _messages(self, engine: StepProgram) -> dict[tuple[str, int, int], tuple[str, str, int, int]]:
         m, log = engine.log.messages, engine.log
         out = {}
         for j in range(self._row, len(m)):
@@ -107,8 +113,7 @@ class NetworkClock(StepHook):
 
     def _compute(self, st, messages, last: int) -> Callable[[str, Action], float]:
         measured = self.cfg.compute == "measured"
-        action_s = getattr(st, "action_s", {})
-        skipped = getattr(st, "skipped", set())
+        action_s, skipped = st.action_s, st.skipped
 
         def compute_s(w: str, a: Action) -> float:
             if (a.stage, a.mb) in skipped or (a.kind == "B" and a.stage < last and ("B", a.stage + 1, a.mb) not in messages):
@@ -119,23 +124,19 @@ class NetworkClock(StepHook):
 
         return compute_s
 
-    def _dp_bytes(self, engine, s: int) -> int:
+    def _dp_bytes(self, engine: StepProgram, s: int) -> int:
         sync = self.sc.dp.sync
         if sync == "none":
             return 0
         if sync == "sparse_avg":
-            from sentinel.engine.sparse_avg import SparseAveraging
-
             hook = find_hook(engine, SparseAveraging)
             return hook.step_bytes.get(s, 0) if hook is not None else 0
-        comp = getattr(engine, "dp_compressor", None)
+        comp = engine.dp_compressor
         if comp is not None:
             return comp.step_bytes.get(s, 0)
         return 4 * self.stage_params[s]
 
-    def after_update(self, engine, st) -> None:
-        from sentinel.engine.asynchrony import Asynchrony
-
+    def after_update(self, engine: StepProgram, st: StepState) -> None:
         S, ids = engine.num_stages, engine.workers.ids
         queues: dict[str, list[Action]] = {}
         stage_of: dict[str, int] = {}
@@ -162,7 +163,7 @@ class NetworkClock(StepHook):
                 "links_used": self.net.graph.number_of_edges()}
 
 
-def network_report(engine) -> dict:
+def network_report(engine: StepProgram) -> dict:
     """The clock's figures for summary.json `transport` ({} when the network model is disabled)."""
     clock = find_hook(engine, NetworkClock)
     return clock.report() if clock is not None else {}
