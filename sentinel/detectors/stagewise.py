@@ -86,6 +86,7 @@ DistanceName = Literal["l1", "l2_normalized", "sign_flip_ratio", "sliced_wassers
 STATISTICS = DISTANCES + ("align", "align_tail")
 _MASK = (1 << 64) - 1
 FLAG_MEMORY = 10  # steps: a sender's outliers teach the windows (capped) at most once in this many
+MIN_EVIDENCE = 40  # accepted values a window needs before its p-values feed the sequential test (8 above Q80)
 
 
 def fence_logs(cfg, names: tuple[str, ...] | None = None) -> tuple[bool, ...]:
@@ -402,8 +403,10 @@ class Sentinel(Detector):
         _, name, k, k_learn = self._rule(self.config)
         e, p, p_rel = self._judge(st, values, t)
         d[name] = e
-        if msg.step < self.config.warmup_steps:  # honest warm-up: learn everything, flag nothing (the
-            return self._accept(st, sig, lay, msg, values, d, t, p=p, p_rel=p_rel)  # statistic is still logged)
+        if msg.step < self.config.warmup_steps:  # honest warm-up: learn everything, flag nothing, and give the
+            return self._accept(st, sig, lay, msg, values, d, t)  # sequential test no evidence (still logged)
+        if st.fences.count < MIN_EVIDENCE:  # a tail fitted to so few values is no evidence to accumulate
+            p = p_rel = None
         stage = msg.boundary if msg.role == Role.ACTIVATION else msg.boundary + 1  # the sender's stage
         st.recent[msg.sender] = (msg.step, e if np.isfinite(e) else np.inf)
         drift = k_learn / 2 if self.config.combine == "calibrated" else k_learn  # "part of a stage-wide drift" above

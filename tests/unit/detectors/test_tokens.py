@@ -96,7 +96,6 @@ def test_token_norm_is_max_over_median():
 def test_reference_of_reads_the_right_input_per_direction():
     from sentinel.detectors.base import DetectorEnv
     from sentinel.transport.message import Message, Role
-
     from sentinel.transport.relay import SenderInputs
 
     x_in, g_in = torch.ones(2), torch.zeros(2)
