@@ -1,47 +1,40 @@
-"""SENTINEL: stagewise integrity verification by EMA baselines and adaptive fences (arXiv 2603.03592).
+"""SENTINEL: stagewise integrity verification by EMA baselines and self-calibrated evidence (arXiv 2603.03592).
 
 What it assumes about honest traffic: within one stream (boundary b, direction), honest messages of
-nearby steps are exchangeable draws around a slowly drifting distribution — all replicas of a stage
-hold the same weights (synchronous DP) and see i.i.d. microbatches. An honest warm-up of
-`warmup_steps` steps (and at least `min_history` accepted messages per stream) builds the baselines.
+nearby steps are exchangeable draws around a slowly drifting distribution -- all replicas of a stage
+hold the same weights (synchronous DP) and see i.i.d. microbatches -- and a stage's output relates token by
+token to the input it received (the residual stream). An honest warm-up of `warmup_steps` steps (and at
+least `min_history` accepted messages per stream) builds the baselines. Nothing is shared between streams.
 
 Per stream:
-    baseline   bias-corrected EMA of message signatures (decay beta_act forward, beta_grad backward)
-    distances  message vs baseline (see `distances.py`)
-    fences     Tukey fences over the last `window` learned values of each distance: the outer fence
-               Q3 + k * IQR flags, the inner fence Q3 + k_learn * IQR gates learning (Tukey's
-               "far out" and "outside" values): a message between the fences is accepted but does not
-               teach the baseline (its verdict carries `outlier = 1`), so a persistent attack that stays
-               just under the flag threshold cannot drag the baseline or widen the fences.
-               `fence_scale: auto` (default) fences the magnitudes (l1, l2_normalized,
-               sliced_wasserstein, z_mean) on their logarithms -- multiplicative fences for positive,
-               right-skewed statistics whose spread grows with their level -- and the bounded ones
-               (sign_flip_ratio, skewness) as they are; a discrete statistic's IQR is floored at its
-               resolution (one flipped feature for sign_flip_ratio)
-    tokens     before the signature, a token longer than `token_clip` x the message's median token
-               norm is scaled down to that length (`distances.signature`): a few huge tokens (random
-               masking rescales kept entries 1/q) cannot dominate every pooled statistic
-    combine    any     flag if some distance is above its fence           (statistic: max_i e_i)
-               vote    flag if >= vote_m distances are                    (statistic: vote_m-th largest e_i)
-               weighted flag if sum_i w_i max(e_i, 0) > k                 (statistic: that sum)
-    consensus  honest-majority drift detection (`_stage_shift`): when more than half of the honest
-               replicas of the sending stage must be beyond the inner fence together, it is drift: a
-               message no more anomalous than them is accepted and learned, even beyond the outer fence
+    baseline   bias-corrected EMA of message signatures (decay beta_act forward, beta_grad backward); token
+               clipping first (a token longer than `token_clip` x the median is scaled down, `distances.py`)
+    statistics pooled distances to the baseline (`distances.py`) and token-level relations to what the sender
+               received (`tokens.py`: align, align_tail; token_norm on request)
+    calibrated (default) each statistic's tail probability under the stream's honest traffic, from a
+               generalised Pareto tail fitted to a window of its last `window` accepted values
+               (`calibration.py`; log scale for the magnitudes), Bonferroni-combined into the message's
+               p-value; flagged when evidence = -log10 p > `level`. The verdict carries p (and the
+               relation statistics' own p) for the response policy's sequential test (sentinel/sequential.py)
+    fences     the paper-style rules: Tukey fences Q3 + k IQR over the same windows, e_i = (d_i - Q3_i) / IQR_i;
+               combine any (max e_i > k), vote (vote_m-th largest), weighted (sum w_i max(e_i, 0))
+    learning   a message at or below the learning level (`learn_level`, `k_learn`) teaches the baseline and
+               the windows; one above it never the baseline, and the windows only its values capped at each
+               window's largest, once per sender every FLAG_MEMORY steps (honest heavy tails thicken the
+               window, a persistent attacker cannot stretch it)
+    consensus  honest-majority drift detection (`streams.Stream.stage_shift`): when more than half of the honest replicas
+               of the sending stage are anomalous together, it is drift: a message no more anomalous than
+               them is accepted and learned
     replays    an exact repeat of a relayed tensor is flagged as certain (`replay.py`)
-with e_i = (d_i - Q3_i) / IQR_i (of log d_i for a log-fenced distance), so every rule reads
-"statistic > k" and the logged `exceedance` score sweeps the whole ROC of the rule from one open-loop
-run. A flagged message updates nothing.
+Every rule reads "statistic > threshold" and the logged statistic (`evidence`, or `exceedance` for the fences)
+sweeps the rule's whole ROC from one open-loop run.
 
-Measured defaults (scenarios/paper/, see the issue note): combine `any` beats `vote` (which loses
-every attack only one distance sees, e.g. x0.5 scaling, seen by sliced Wasserstein alone) and `weighted`
-(six times the honest flag rate for the same recall); k = 4 keeps the clean-twin FPR at ~0.5% where
-k = 3 gives ~1.3%; 32 slices catch gradient sign attacks that 16 miss at a deep boundary; an inner
-fence at 2.5 (not Tukey's 1.5, whose selection lags the baseline behind honest drift: ~2% FPR on
-quickstart after its learning-rate warm-up) and a 5-step consensus horizon keep every clean twin
-measured at <= 0.3%. Log fences and token clipping took the clean-twin FPR under a 95% random mask
-from 9.9% to 0% (each alone: 4.6%, 1.6%) and on the paper table from 0.07% to 0 (see the issue-6 note).
+Measured (the issue-18 note): the calibrated rule's honest FPR is 0-0.3% on the synthetic source and 0.25-1.2%
+on byte-level text at the default level 3 (the fences at k = 4: 0.14% and 1.1-6.7%); the relation statistics
+see token permutations, sequence and microbatch exchanges and few-token edits that no pooled statistic sees.
+The fence rules' history: `any` beat `vote` and `weighted`; k = 4, k_learn = 2.5, log fences for magnitudes
+and token clipping (issue-4 and issue-6 notes).
 """
-
 from __future__ import annotations
 
 import dataclasses
@@ -53,18 +46,17 @@ import torch
 
 from sentinel.config import spec
 from sentinel.detectors.base import Detector, Marker, Verdict
-from sentinel.detectors.baseline import Baseline, Fences, SenderMedianBaseline
+from sentinel.detectors.baseline import SenderMedianBaseline
 from sentinel.detectors.calibration import TailCalibrator
 from sentinel.detectors.distances import (
     DISTANCES,
-    MAGNITUDES,
     Projections,
     distances,
     layout,
     resolutions,
     signature,
 )
-from sentinel.detectors.replay import ReplayMemory
+from sentinel.detectors.streams import Stream, mix
 from sentinel.detectors.tokens import (
     RELATION_STATS,
     IdRelation,
@@ -84,55 +76,8 @@ DistanceName = Literal["l1", "l2_normalized", "sign_flip_ratio", "sliced_wassers
 # honest gradients of the last stage grow single huge tokens as the model learns (max / median from ~3 to 20-570
 # on byte-level text within 50 steps), faster than any window follows; the relation's tail sees a few tampered tokens.
 STATISTICS = DISTANCES + ("align", "align_tail")
-_MASK = (1 << 64) - 1
 FLAG_MEMORY = 10  # steps: a sender's outliers teach the windows (capped) at most once in this many
 MIN_EVIDENCE = 40  # accepted values a window needs before its p-values feed the sequential test (8 above Q80)
-
-
-def fence_logs(cfg, names: tuple[str, ...] | None = None) -> tuple[bool, ...]:
-    """Per statistic: fenced on a log scale? (`fence_scale`: linear, log, or auto = log for the magnitudes)."""
-    names = tuple(cfg.distances) if names is None else names
-    if cfg.fence_scale == "auto":
-        return tuple(name in MAGNITUDES for name in names)
-    return (cfg.fence_scale == "log",) * len(names)
-
-
-def mix(*keys: int) -> int:
-    """A 62-bit hash of non-negative integers (splitmix64 steps): the same in every process and run."""
-    h = 0x9E3779B97F4A7C15
-    for k in keys:
-        h = (h ^ (int(k) & _MASK)) * 0xBF58476D1CE4E5B9 & _MASK
-        h = (h ^ (h >> 31)) * 0x94D049BB133111EB & _MASK
-        h ^= h >> 29
-    return h >> 2
-
-
-class _Stream:
-    """State of one (boundary, role) stream: nothing in it is shared with another stream."""
-
-    def __init__(self, cfg, beta: float, keep_full: bool):
-        beta_var = 1.0 - 1.0 / cfg.window
-        if cfg.baseline == "sender_median":
-            self.baseline = SenderMedianBaseline(beta, beta_var, keep_full=keep_full)
-        else:
-            self.baseline = Baseline(beta, beta_var, keep_full=keep_full)
-        self.names: tuple[str, ...] = ()  # the statistics this stream computes (set by its first message)
-        self.fences: Fences | None = None
-        self.ids: IdRelation | None = None  # the first stage's input is token ids: their running mean outputs
-        self.replays = ReplayMemory(cfg.replay_memory) if cfg.replay_memory else None
-        self.flags = 0
-        self.outlier_at: dict[str, int] = {}  # sender -> step of its latest message above the learning level
-        self.recent: dict[str, tuple[int, float]] = {}  # sender -> (step, statistic) of its latest message
-
-    def setup(self, cfg, names: tuple[str, ...]) -> None:
-        """Fix the stream's statistics: those of `cfg.distances` it can compute (`names`)."""
-        self.names = names
-        self.pooled = tuple(n for n in names if n in DISTANCES)
-        self.relation = np.array([n in RELATION_STATS for n in names])
-        if cfg.combine == "calibrated":
-            self.fences = TailCalibrator(names, cfg.window, fence_logs(cfg, names))
-        else:
-            self.fences = Fences(names, cfg.window, cfg.k, log=fence_logs(cfg, names))
 
 
 @DETECTORS.register("sentinel")
@@ -223,7 +168,7 @@ class Sentinel(Detector):
             raise ConfigError([f"detector.{k}: {m}" for k, m in problems])
         w = np.asarray(cfg.weights if cfg.weights else [1.0] * len(self.names), dtype=float)
         self._weights = dict(zip(self.names, w / w.sum() * len(self.names) if cfg.weights else w))
-        self._streams: dict[tuple[int, int], _Stream] = {}
+        self._streams: dict[tuple[int, int], Stream] = {}
         self._proj: dict[int, Projections] = {}
         self._key = mix(seed, 0x70C)  # private: never in the public view (a real verifier's secret)
         self._norms = np.empty(2)  # scratch: the (median^2, max^2) token norms of the message being judged
@@ -237,12 +182,12 @@ class Sentinel(Detector):
             self._proj[dim] = Projections(dim, self.config.num_projections, self.config.num_quantiles, self.seed)
         return self._proj[dim]
 
-    def _stream(self, boundary: int, role: Role) -> _Stream:
+    def _stream(self, boundary: int, role: Role) -> Stream:
         key = (int(boundary), int(role))
         if key not in self._streams:
             beta = self.config.beta_act if role == Role.ACTIVATION else self.config.beta_grad
             keep_full = role == Role.GRADIENT and self.env.substitutes  # the EMA of whole payloads: a stand-in
-            self._streams[key] = _Stream(self.config, beta, keep_full=keep_full)
+            self._streams[key] = Stream(self.config, beta, keep_full=keep_full)
         return self._streams[key]
 
     def _offset(self, msg: Message) -> int:
@@ -256,7 +201,7 @@ class Sentinel(Detector):
                         self._norms)
         return sig, layout(tuple(payload.shape), proj, self.config.pooling)
 
-    def _learn(self, st: _Stream, sig: np.ndarray, lay, msg: Message) -> None:
+    def _learn(self, st: Stream, sig: np.ndarray, lay, msg: Message) -> None:
         if isinstance(st.baseline, SenderMedianBaseline):
             st.baseline.update(sig, lay, msg.payload, sender=msg.sender, step=msg.step)
         else:
@@ -264,10 +209,10 @@ class Sentinel(Detector):
         if st.ids is not None and self._ids_now is not None:
             st.ids.learn(*self._ids_now)
 
-    def _comparable(self, st: _Stream, sig: np.ndarray) -> bool:
+    def _comparable(self, st: Stream, sig: np.ndarray) -> bool:
         return st.baseline.comparable(sig)
 
-    def _values(self, st: _Stream, sig: np.ndarray, payload: torch.Tensor, reference, offset: int = 0) -> np.ndarray:
+    def _values(self, st: Stream, sig: np.ndarray, payload: torch.Tensor, reference, offset: int = 0) -> np.ndarray:
         """The stream's statistics of one message, in `st.names` order (NaN: a relation with no reference)."""
         got = dict(zip(st.pooled, distances(sig, st.baseline.view(), st.pooled).tolist()))
         got["token_norm"] = token_norm(self._norms)
@@ -290,7 +235,7 @@ class Sentinel(Detector):
         z = self._projections(C).workspace(len(tok))[:, C:].copy()
         return z, tok
 
-    def _first(self, st: _Stream, sig: np.ndarray, lay, msg: Message, offset: int) -> Verdict:
+    def _first(self, st: Stream, sig: np.ndarray, lay, msg: Message, offset: int) -> Verdict:
         """The stream's first message: fix which statistics it can compute, and learn."""
         ref = reference_of(self.env, msg)
         has_ref = relation(msg.payload, ref, self._rel)
@@ -320,7 +265,7 @@ class Sentinel(Detector):
             return "level", "evidence", config.level, config.learn_level
         return "k", "exceedance", config.k, config.k_learn
 
-    def _judge(self, st: _Stream, values: np.ndarray, t: np.ndarray) -> tuple[float, float | None, float | None]:
+    def _judge(self, st: Stream, values: np.ndarray, t: np.ndarray) -> tuple[float, float | None, float | None]:
         """(statistic, p-value, relation p-value) of one message: for `calibrated` the evidence -log10 p of the
         Bonferroni-combined tail probabilities (and of the relation statistics alone); else the fence rule's
         exceedance statistic (no p-values)."""
@@ -342,30 +287,6 @@ class Sentinel(Detector):
             return float(np.sort(exceed)[-m])
         w = np.array([self._weights[n] for n in (names or self.names)])
         return float((w * np.maximum(exceed, 0.0)).sum())
-
-    def _stage_shift(self, st: _Stream, step: int, e: float, level: float, stage: int) -> bool:
-        """Honest-majority consensus: is this above-fence message part of a stage-wide shift?
-
-        Let R be the live replicas of the sending stage and f = floor((R - 1) / 2) the most of them an
-        honest majority leaves malicious. If at least f + floor((R - f) / 2) + 1 distinct senders were
-        last (within `consensus_horizon` steps) above `level`, then more than half of the honest ones
-        are, whoever the malicious ones are: this is honest drift (a learning-rate change, a new data
-        regime), not an attack. The message is then treated as honest when it is no more anomalous than
-        the (R - f)-th smallest recent statistic; an outlier beyond it is not. A stage of one replica has
-        no peers to compare with: no consensus there (the paper's behaviour).
-        """
-        if not self.config.consensus_horizon or not np.isfinite(e):
-            return False
-        vals = sorted(v for s, v in st.recent.values() if step - s < self.config.consensus_horizon)
-        live = self.env.live_replicas(stage) if self.env.live_replicas is not None else st.recent
-        R = max(len(live), len(vals))
-        if R < 2:
-            return False
-        f = (R - 1) // 2
-        need = f + (R - f) // 2 + 1
-        if sum(v > level for v in vals) < need:
-            return False
-        return e <= vals[min(R - f, len(vals)) - 1]
 
     # -- the detector -----------------------------------------------------------------------------
     def scores(self, boundary: int, role, payload: torch.Tensor) -> dict[str, float]:
@@ -410,7 +331,8 @@ class Sentinel(Detector):
         stage = msg.boundary if msg.role == Role.ACTIVATION else msg.boundary + 1  # the sender's stage
         st.recent[msg.sender] = (msg.step, e if np.isfinite(e) else np.inf)
         drift = k_learn / 2 if self.config.combine == "calibrated" else k_learn  # "part of a stage-wide drift" above
-        shift = e > k_learn and self._stage_shift(st, msg.step, e, drift, stage)
+        live = self.env.live_replicas(stage) if self.env.live_replicas is not None else None
+        shift = e > k_learn and st.stage_shift(msg.step, e, drift, live, self.config.consensus_horizon)
         if not e <= k_learn and not shift:  # NaN counts as above: the baseline will not learn it, the windows may
             self._learn_outlier(st, msg, values, t)
         if not e <= k and not shift:  # NaN counts as above the fence
@@ -427,7 +349,7 @@ class Sentinel(Detector):
             return self._accept(st, sig, lay, msg, values, d, t, marks, p, p_rel)
         return Verdict(d, False, marks, pvalue=p, relation_pvalue=p_rel)
 
-    def _learn_outlier(self, st: _Stream, msg: Message, values: np.ndarray, t: np.ndarray) -> None:
+    def _learn_outlier(self, st: Stream, msg: Message, values: np.ndarray, t: np.ndarray) -> None:
         """A message above the learning level (flagged at the default levels) never teaches the baseline; its values
         teach the windows capped at each window's largest value (`TailCalibrator.push_capped`), at most once per
         sender every `FLAG_MEMORY` steps: honest outliers from any sender thicken a tail that was too light, a
@@ -440,7 +362,7 @@ class Sentinel(Detector):
         if last is None or msg.step - last >= FLAG_MEMORY:
             st.fences.push_capped(t)
 
-    def _accept(self, st: _Stream, sig: np.ndarray, lay, msg: Message, values: np.ndarray, d: dict,
+    def _accept(self, st: Stream, sig: np.ndarray, lay, msg: Message, values: np.ndarray, d: dict,
                 t: np.ndarray, marks: frozenset = frozenset(), p: float | None = None,
                 p_rel: float | None = None) -> Verdict:
         """Accept and learn: the baseline and the fences take the message in (`t`: the values on the fences'

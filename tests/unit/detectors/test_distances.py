@@ -137,7 +137,8 @@ def test_fences_take_a_log_scale_per_statistic():
 
 
 def test_auto_fence_scale_logs_the_magnitudes_only():
-    from sentinel.detectors.stagewise import Sentinel, fence_logs
+    from sentinel.detectors.stagewise import Sentinel
+    from sentinel.detectors.streams import fence_logs
 
     cfg = Sentinel.Config(distances=DISTANCES, fence_scale="auto")
     assert fence_logs(cfg) == tuple(d in MAGNITUDES for d in DISTANCES)
