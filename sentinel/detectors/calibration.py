@@ -82,9 +82,7 @@ class TailCalibrator:
         from sentinel.detectors import kernels
 
         t = self.transform(values) if t is None else t
-        old = self._ring[self._pos].copy()
-        kernels.window_insert(self._sorted, self.count, old, np.asarray(t, dtype=float), self.count == self.window)
-        self._ring[self._pos] = t
+        kernels.window_push(self._sorted, self._ring, self._pos, self.count, np.asarray(t, dtype=float))
         self._pos = (self._pos + 1) % self.window
         self.count = min(self.count + 1, self.window)
 
@@ -96,6 +94,16 @@ class TailCalibrator:
         out = np.empty(len(self.names))
         kernels.tail_pvalues(self._sorted, self.count, Q0, self.floor, MAX_SHAPE, np.asarray(t, dtype=float), out)
         return out
+
+    def judge(self, values: np.ndarray, subset: np.ndarray) -> tuple[np.ndarray, float, float]:
+        """One message in one compiled call: (its values on the calibration scale, Bonferroni's p over every
+        statistic, over those in `subset` -- NaN when none of them has a value)."""
+        from sentinel.detectors import kernels
+
+        t, p = np.empty(len(self.names)), np.empty(len(self.names))
+        p_all, p_sub = kernels.calibrate(self._sorted, self.count, Q0, self.floor, MAX_SHAPE, self.log,
+                                         np.asarray(values, dtype=float), subset, t, p)
+        return t, p_all, p_sub
 
     def push_capped(self, t: np.ndarray) -> None:
         """Learn a flagged message's values winsorised at the window's largest: the window learns that a value at

@@ -345,3 +345,24 @@ def id_learn(z, ids, table, weight, center, beta):  # pragma: no cover - compile
         for c in range(K):
             center[c] = b * center[c] + (1.0 - b) * z[i, c]
         center[K] = b * center[K] + (1.0 - b)
+
+
+@numba.njit(cache=True, nogil=True)
+def calibrate(rows, count, q0, floor, max_shape, logs, values, subset, t, p):  # pragma: no cover - compiled
+    """One message's calibration in one call: t = values on the calibration scale (log where `logs`; NaN stays
+    NaN), p = their tail p-values (`tail_pvalues`); returns Bonferroni's p over all and over `subset` (`bonferroni`)."""
+    for i in range(values.shape[0]):
+        v = values[i]
+        t[i] = np.log(max(v, 1e-30)) if logs[i] and v == v else v
+    tail_pvalues(rows, count, q0, floor, max_shape, t, p)
+    return bonferroni(p, subset)
+
+
+@numba.njit(cache=True, nogil=True)
+def window_push(rows, ring, pos, count, t):  # pragma: no cover - compiled
+    """Add t (D,) to sorted windows `rows` (D, W) and the arrival-order ring (W, D) at `pos`: the value at `pos`
+    leaves a full window (count == W). Values are finite."""
+    full = count == ring.shape[0]
+    window_insert(rows, count, ring[pos].copy(), t, full)
+    for i in range(t.shape[0]):
+        ring[pos, i] = t[i]

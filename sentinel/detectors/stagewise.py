@@ -265,21 +265,20 @@ class Sentinel(Detector):
             return "level", "evidence", config.level, config.learn_level
         return "k", "exceedance", config.k, config.k_learn
 
-    def _judge(self, st: Stream, values: np.ndarray, t: np.ndarray) -> tuple[float, float | None, float | None]:
-        """(statistic, p-value, relation p-value) of one message: for `calibrated` the evidence -log10 p of the
-        Bonferroni-combined tail probabilities (and of the relation statistics alone); else the fence rule's
-        exceedance statistic (no p-values)."""
+    def _judge(self, st: Stream, values: np.ndarray) -> tuple[np.ndarray, float, float | None, float | None]:
+        """(values on the windows' scale, statistic, p-value, relation p-value) of one message: for `calibrated`
+        the evidence -log10 p of the Bonferroni-combined tail probabilities (and of the relation statistics
+        alone); else the fence rule's exceedance statistic (no p-values)."""
         if self.config.combine != "calibrated":
-            return self.statistic(st.fences.exceedance(values, t), st.names), None, None
-        from sentinel.detectors import kernels
-
-        p, p_rel = kernels.bonferroni(st.fences.pvalues(t), st.relation)  # = calibration.combine, all and relation
-        return -math.log10(max(p, 1e-300)), p, (p_rel if p_rel == p_rel else None)
+            t = st.fences.transform(values)
+            return t, self.statistic(st.fences.exceedance(values, t), st.names), None, None
+        t, p, p_rel = st.fences.judge(values, st.relation)
+        return t, -math.log10(max(p, 1e-300)), p, (p_rel if p_rel == p_rel else None)
 
     def statistic(self, exceed: np.ndarray, names: tuple[str, ...] | None = None) -> float:
         """The combined statistic: flagged <=> statistic > k (see module docstring). A statistic without a
         value (a relation whose reference is missing) takes no part."""
-        exceed = np.where(np.isnan(exceed) & np.isin(names or self.names, list(RELATION_STATS)), -np.inf, exceed)
+        exceed = np.where(np.isnan(exceed), -np.inf, exceed)  # only a relation without its reference is NaN here
         if self.config.combine == "any":
             return float(exceed.max())
         if self.config.combine == "vote":
@@ -301,7 +300,7 @@ class Sentinel(Detector):
         values = self._values(st, sig, payload, None)
         d = {n: v for n, v in zip(st.names, values.tolist()) if not np.isnan(v)}
         if st.fences.count:
-            d[self._rule(self.config)[1]] = self._judge(st, values, st.fences.transform(values))[0]
+            d[self._rule(self.config)[1]] = self._judge(st, values)[1]
         return d
 
     def observe(self, msg: Message) -> Verdict:
@@ -318,11 +317,10 @@ class Sentinel(Detector):
             return self._first(st, sig, lay, msg, offset)
         values = self._values(st, sig, msg.payload, reference_of(self.env, msg), offset)
         d = {n: v for n, v in zip(st.names, values.tolist()) if v == v}  # NaN: a relation without a reference
-        t = st.fences.transform(values)  # on the fences' scale, once for the test and the window
         if st.fences.count < self.config.min_history:
-            return self._accept(st, sig, lay, msg, values, d, t)
+            return self._accept(st, sig, lay, msg, values, d, st.fences.transform(values))
         _, name, k, k_learn = self._rule(self.config)
-        e, p, p_rel = self._judge(st, values, t)
+        t, e, p, p_rel = self._judge(st, values)  # t: the values on the windows' scale, for the test and the windows
         d[name] = e
         if msg.step < self.config.warmup_steps:  # honest warm-up: learn everything, flag nothing, and give the
             return self._accept(st, sig, lay, msg, values, d, t)  # sequential test no evidence (still logged)
