@@ -8,6 +8,8 @@
     adaptive.py       fence_evasion, slow_drift, warmup_poisoning
     gating.py         intermittent, sparse (wrap any other attack)
     collusion.py      same_direction, undo_pair
+    tokens.py         token_permute, batch_permute, sequence_swap, microbatch_exchange, few_tokens (token-level:
+                      the multiset of token vectors kept, or a few tokens changed)
     assignment.py     who is malicious (seeded); schedule.py  when an attack acts
     layer.py          AdversaryLayer: the transport Interceptor; validation.py  scenario cross-checks
     detector_view.py  the read-only DetectorView a white-box attack may use; wire.py  post-codec fields
@@ -26,6 +28,7 @@ from attacks import (  # noqa: F401  (registers)
     post_codec,
     replay,
     targets,
+    tokens,
     validation,  # noqa: F401  (registers the adversary section's scenario checks)
 )
 from attacks.base import Attack, AttackContext

@@ -70,6 +70,7 @@ from scipy.stats import binom, hypergeom
 
 from sentinel.detectors.base import Marker, Verdict
 from sentinel.engine.workers import MeshControl
+from sentinel.sequential import ANOMALOUS, SequentialEvidence
 from sentinel.transport.message import Message
 
 EXPLAINED = 0.05  # a flag whose sender the peer test singles out at this level is explained by it
@@ -215,6 +216,9 @@ class Responder:
         self._routes: dict[int, list[str]] = {}  # mb -> senders so far, this step
         self._stats: dict[tuple, dict[str, collections.deque]] = {}  # stream -> sender -> (step, statistics)
         self._stat_names: dict[tuple, tuple[str, ...]] = {}  # stream -> the statistics recorded for it
+        alpha = getattr(config, "sequential_alpha", None)
+        self.evidence = SequentialEvidence(alpha) if alpha is not None else None  # sentinel/sequential.py
+        self._tainted: set[int] = set()  # microbatches of this step with an anomalous message so far
 
     def deliver(self, msg: Message, verdict: Verdict,
                 substitute: Callable[[Message], torch.Tensor | None] | None = None) -> torch.Tensor | None:
@@ -233,7 +237,7 @@ class Responder:
         """Weigh the step's verdicts (canonical order) and ban; then the score tests and rejoins that are due."""
         if self.mode == "open_loop":
             return
-        self._routes = {}
+        self._routes, self._tainted = {}, set()
         for msg, verdict in records:
             if verdict.judged and msg.sender not in self.banned:  # paused: evidence for or against nobody
                 self._record(msg, verdict)
@@ -263,6 +267,22 @@ class Responder:
             self._soft_strike(w, stream, step)
         if not verdict.flagged:  # flagged ones already count as hard strikes
             self._record_stats(stream, w, step, verdict.scores)
+        self._sequential(msg, verdict)
+
+    def _sequential(self, msg: Message, verdict: Verdict) -> None:
+        """The sender's sequential evidence (sentinel/sequential.py): its message's p-value, or only the part its
+        own computation explains (`relation_pvalue`) when an earlier message of the microbatch was anomalous."""
+        tainted = msg.mb_idx in self._tainted
+        if verdict.flagged or (verdict.pvalue is not None and verdict.pvalue < ANOMALOUS):
+            self._tainted.add(msg.mb_idx)
+        if self.evidence is None or verdict.certain or msg.sender in self.banned:
+            return
+        p = verdict.relation_pvalue if tainted else verdict.pvalue
+        if p is None:
+            return
+        self.evidence.update(msg.sender, p)
+        if self.evidence.exceeds(msg.sender, self._peers(msg.sender)):
+            self.ban(msg.sender, msg.step)
 
     def _peers(self, worker: str) -> list[str]:
         return [w for w in self.mesh.live_in_stage(self.mesh.stage_of(worker)) if w != worker]
@@ -355,6 +375,8 @@ class Responder:
             return False
         self.banned[worker] = step
         self.attr.forget(worker)
+        if self.evidence is not None:
+            self.evidence.forget(worker)
         if self.config.rejoin_after is not None:
             self._rejoins.append((step + self.config.rejoin_after, self.mesh.stage_of(worker), worker))
         return True

@@ -213,6 +213,10 @@ class ResponseConfig:
     ban_pvalue: float = spec(1e-5, gt=0, le=1, help="peer test (sentinel/response.py): ban only if P(this much "
                              "evidence | struck like the stage's other replicas) < ban_pvalue; 1 disables the test")
     base_fpr: float = spec(0.01, gt=0, lt=1, help="honest flag rate assumed for a stage with no peers")
+    sequential_alpha: float | None = spec(
+        1e-8, gt=0, lt=1, help="sequential evidence test (sentinel/response.py): ban a worker once the CUSUM of its "
+        "messages' log e-values, from the detector's per-message p-values, exceeds ln(1 / sequential_alpha) while "
+        "most of its stage peers' stay below half of it; null: off (detectors without p-values never use it)")
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

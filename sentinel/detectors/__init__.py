@@ -4,6 +4,8 @@
     sentinel        SENTINEL: EMA baselines, six distances, Tukey fences        (stagewise.py)
     norm_zscore, cusum, page_hinkley   streaming change detectors on a scalar   (scalar.py)
     duplication, spot_check, cross_replica   trusted recomputation             (recompute.py)
+    toploc          top-k commitments audited by sampled recomputation         (toploc.py)
+    river_adwin, river_page_hinkley, river_kswin   river's drift detectors on SENTINEL's statistics (drift.py)
 
 `sentinel.detectors.verifier.build_defence(scenario, mesh, recompute, inputs)` returns the verifiers (one per
 boundary) and the response policy a backend installs on its relay (verifier.py, sentinel/response.py).
@@ -21,7 +23,7 @@ class NoDetector(Detector):
         return Verdict({}, False)
 
 
-from sentinel.detectors import recompute, scalar, stagewise  # noqa: E402,F401  (registers the built-ins)
+from sentinel.detectors import drift, recompute, scalar, stagewise, toploc  # noqa: E402,F401  (registers the built-ins)
 from sentinel.detectors.recompute import Duplication  # noqa: E402
 from sentinel.scenario import cross_check  # noqa: E402
 

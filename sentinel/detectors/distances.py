@@ -39,13 +39,15 @@ import torch
 # OpenBLAS computes a matrix product of at most this many multiply-adds (M * N * K) in the calling thread
 # (its SMP_THRESHOLD_MIN * GEMM_MULTITHREAD_THRESHOLD); a larger one wakes its thread pool (see `signature`).
 BLAS_SINGLE_THREAD_MNK = 4 * 65536
-_NO_NORMS = np.zeros(0, dtype=np.float32)  # `kernels.prepare` without clipping reads no norms
 
 DISTANCES = ("l1", "l2_normalized", "sign_flip_ratio", "sliced_wasserstein", "z_mean", "skewness")
 PAPER_DISTANCES = ("l1", "l2_normalized", "sign_flip_ratio", "sliced_wasserstein")
-# Magnitudes (unbounded, positive, right-skewed: they scale with the traffic), as opposed to the bounded
-# sign_flip_ratio in [0, 1] and skewness in [0, 2]: `fence_scale: auto` fences these on a log scale.
-MAGNITUDES = frozenset({"l1", "l2_normalized", "sliced_wasserstein", "z_mean"})
+# Magnitudes (positive, right-skewed: they scale with the traffic), as opposed to the bounded sign_flip_ratio
+# in [0, 1] and skewness in [0, 2]: `fence_scale: auto` fences these on a log scale. Of the token-level statistics
+# (`tokens.py`) token_norm is a magnitude (a ratio of norms); align and align_tail are bounded in [0, 2] (1 - a
+# cosine): on a log scale their honest spread near 0 (0.003 to 0.2 on byte-level text) would swamp the step to
+# ~1 that a permutation makes.
+MAGNITUDES = frozenset({"l1", "l2_normalized", "sliced_wasserstein", "z_mean", "token_norm"})
 
 
 class Layout:
@@ -102,7 +104,7 @@ class Projections:
 
 
 def signature(x: torch.Tensor, proj: Projections, pooling: str, max_tokens: int | None = None,
-              offset: int = 0, token_clip: float | None = None) -> np.ndarray:
+              offset: int = 0, token_clip: float | None = None, norms: np.ndarray | None = None) -> np.ndarray:
     """Flat float64 signature of one payload of shape (..., C); pure, vectorised, no loop over data in Python.
 
     Computed on the CPU (the verifier is a CPU relay; a GPU payload is copied over once) in reused
@@ -111,7 +113,8 @@ def signature(x: torch.Tensor, proj: Projections, pooling: str, max_tokens: int 
     the cost per message; the caller draws `offset` at random per message so a sender cannot know which
     of its tokens are looked at.
     Layout (see `Layout`): [pooled | skewness of the C features and P slices | sliced quantiles (P*Q)
-    | ||pooled||^2].
+    | ||pooled||^2]. `norms` (2,), when given, receives the squared median norm of the non-zero sampled
+    tokens and the largest squared token norm, before clipping (the `token_norm` statistic, `tokens.py`).
 
     Token clipping (`token_clip`, winsorising token norms): a token longer than `token_clip` x the median
     norm of the non-zero sampled tokens (the upper median for an even count) is scaled down to that length,
@@ -148,8 +151,10 @@ def signature(x: torch.Tensor, proj: Projections, pooling: str, max_tokens: int 
     feats = both[:, :C]
     L = layout(tuple(x.shape), proj, pooling)
     pooled = np.empty(L.pooled.stop - L.pooled.start, dtype=np.float32)
-    sq = _NO_NORMS if token_clip is None else np.einsum("ij,ij->i", tokens, tokens)  # squared token norms
-    kernels.prepare(tokens, sq, start, stride, float(token_clip or 0.0), feats, pooled, pooling == "full")
+    sq = np.einsum("ij,ij->i", tokens, tokens)  # N: squared token norms (clipping and `norms`)
+    if norms is None:
+        norms = np.empty(2)
+    kernels.prepare(tokens, sq, start, stride, float(token_clip or 0.0), feats, pooled, pooling == "full", norms)
     proj.project(feats, out=both[:, C:])  # the token cloud along each direction
     skew = np.empty(both.shape[1], dtype=np.float32)
     kernels.skewness(both, skew)

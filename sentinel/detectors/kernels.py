@@ -24,24 +24,32 @@ F32 = np.float32
 
 
 @numba.njit(cache=True, nogil=True)
-def prepare(tokens, sq, start, stride, clip, feats, pooled, full):  # pragma: no cover - compiled
+def prepare(tokens, sq, start, stride, clip, feats, pooled, full, norms):  # pragma: no cover - compiled
     """Clip, sample and pool the tokens of one payload.
 
-    tokens (N, C) float32; sq (N,) their squared norms (`clip` > 0 only; numpy's einsum computes them);
-    rows start, start + stride, ... are the sampled tokens. Token clipping: the cap is `clip` x the upper
-    median norm of the non-zero sampled tokens; if some token is longer, every token is scaled by
-    sqrt(min(1, cap^2 / |t|^2)) (direction kept). Writes the (clipped) sampled tokens to `feats` (m, C),
-    and to `pooled` the mean over every (clipped) token, (C,), or, with `full`, the tokens themselves
-    flattened (N * C,). Returns whether any token was clipped.
+    tokens (N, C) float32; sq (N,) their squared norms (empty: no clipping and no `norms`; numpy's einsum
+    computes them); rows start, start + stride, ... are the sampled tokens. Token clipping (`clip` > 0):
+    the cap is `clip` x the upper median norm of the non-zero sampled tokens; if some token is longer,
+    every token is scaled by sqrt(min(1, cap^2 / |t|^2)) (direction kept). Writes the (clipped) sampled
+    tokens to `feats` (m, C), to `pooled` the mean over every (clipped) token, (C,), or, with `full`, the
+    tokens themselves flattened (N * C,), and to `norms` (2,) the squared upper median norm of the non-zero
+    sampled tokens and the largest squared norm of all tokens, before clipping (0, 0 without `sq`).
+    Returns whether any token was clipped.
     """
     n, C = tokens.shape
     cap2 = -1.0
-    if clip > 0:
+    norms[0] = 0.0
+    norms[1] = 0.0
+    if sq.shape[0] > 0:
         pos = np.sort(sq[start::stride])
         zeros = np.searchsorted(pos, F32(0.0), side="right")  # squares: the zeros come first, NaN last
+        top = sq.max()
+        norms[1] = top
         if zeros < pos.shape[0]:
-            c2 = clip * clip * np.float64(pos[zeros + (pos.shape[0] - zeros) // 2])
-            if sq.max() > c2:
+            med = np.float64(pos[zeros + (pos.shape[0] - zeros) // 2])
+            norms[0] = med
+            c2 = clip * clip * med
+            if clip > 0 and top > c2:
                 cap2 = c2
     clipped = cap2 >= 0
     c32 = F32(cap2)
@@ -134,3 +142,227 @@ def all_distances(sig, pooled, skew, quant, base_pooled, base_sign, base_skew, s
     den = np.sqrt(ss) * skew_norm
     out[5] = 1.0 - sb / (1e-30 if den < 1e-30 else den)
 
+
+
+@numba.njit(cache=True, nogil=True, fastmath=True)
+def relation(y, r, start, stride, out):  # pragma: no cover - compiled
+    """How a stage's output tokens relate to its input tokens, token by token (see `tokens.py`).
+
+    y, r (N, C) float32: the message's tokens and the sender's input tokens, row i of both being the same
+    token (sequence position of the same sequence); rows start, start + stride, ... are used (the tokens the
+    signature's moments sample). Both are centred by their own per-feature mean over those rows; for every
+    such token with non-zero centred vectors, cos_i = <y_i, r_i> / (|y_i| |r_i|). Writes out[0] = 1 - mean_i
+    cos_i and out[1] = 1 - min_i cos_i (both 1 when no token qualifies: a constant message). float64 sums;
+    `fastmath` (reassociated sums) is fine: nothing here needs to match another computation bit for bit.
+    """
+    n, C = y.shape
+    my = np.zeros(C)
+    mr = np.zeros(C)
+    m = 0
+    for i in range(start, n, stride):
+        m += 1
+        for c in range(C):
+            my[c] += y[i, c]
+            mr[c] += r[i, c]
+    for c in range(C):
+        my[c] /= m
+        mr[c] /= m
+    total = 0.0
+    low = 1.0
+    count = 0
+    for i in range(start, n, stride):
+        dot = 0.0
+        ny = 0.0
+        nr = 0.0
+        for c in range(C):
+            a = y[i, c] - my[c]
+            b = r[i, c] - mr[c]
+            dot += a * b
+            ny += a * a
+            nr += b * b
+        if ny > 0.0 and nr > 0.0:
+            cs = dot / np.sqrt(ny * nr)
+            total += cs
+            count += 1
+            if cs < low:
+                low = cs
+    if count == 0:
+        out[0] = 1.0
+        out[1] = 1.0
+    else:
+        out[0] = 1.0 - total / count
+        out[1] = 1.0 - low
+
+
+@numba.njit(cache=True, nogil=True)
+def window_insert(rows, count, old, new, full):  # pragma: no cover - compiled
+    """Sliding windows kept sorted: in each row of `rows` (D, W), whose first `count` entries are sorted,
+    remove `old[i]` (when `full`) and insert `new[i]` in order. Values are finite."""
+    D = rows.shape[0]
+    for i in range(D):
+        n = count
+        if full:
+            j = np.searchsorted(rows[i, :n], old[i])
+            while j < n - 1 and rows[i, j] != old[i]:  # equal floats: the very value that was inserted
+                j += 1
+            for k in range(j, n - 1):
+                rows[i, k] = rows[i, k + 1]
+            n -= 1
+        j = np.searchsorted(rows[i, :n], new[i])
+        for k in range(n, j, -1):
+            rows[i, k] = rows[i, k - 1]
+        rows[i, j] = new[i]
+
+
+@numba.njit(cache=True, nogil=True)
+def tail_pvalues(rows, count, q0, floor, max_shape, t, out):  # pragma: no cover - compiled
+    """Upper-tail p-values of t (D,) against sorted windows `rows` (D, >= count) (see `calibration.py`): above
+    each window's q0 quantile u (numpy's linear quantile) a generalised Pareto tail whose shape xi and scale
+    beta are the method-of-moments fit to the window's excesses over u (xi = (1 - mean^2 / var) / 2 clipped to
+    [0, max_shape], beta = mean (1 - xi) floored at `floor[i]`); at or below u the empirical rank
+    (1 + #{w >= t}) / (n + 1). NaN -> NaN."""
+    n = count
+    pos = q0 * (n - 1)
+    lo = int(pos)
+    hi = min(lo + 1, n - 1)
+    frac = pos - lo
+    for i in range(rows.shape[0]):
+        x = t[i]
+        if np.isnan(x):
+            out[i] = np.nan
+            continue
+        u = rows[i, lo] + frac * (rows[i, hi] - rows[i, lo])
+        if x > u:
+            total = 0.0
+            total2 = 0.0
+            k = 0
+            j = n - 1
+            while j >= 0 and rows[i, j] > u:
+                e = rows[i, j] - u
+                total += e
+                total2 += e * e
+                k += 1
+                j -= 1
+            mean = total / k if k > 0 else 0.0
+            xi = 0.0
+            if k > 2:
+                var = (total2 - k * mean * mean) / (k - 1)
+                if var > 0.0:
+                    xi = 0.5 * (1.0 - mean * mean / var)
+                    xi = min(max(xi, 0.0), max_shape)
+            beta = mean * (1.0 - xi)
+            if beta < floor[i]:
+                beta = floor[i]
+            z = (x - u) / beta
+            if xi < 1e-6:
+                out[i] = (1.0 - q0) * np.exp(-z)
+            else:
+                out[i] = (1.0 - q0) * np.exp(-np.log1p(xi * z) / xi)
+        else:
+            below = np.searchsorted(rows[i, :n], x)  # values < x
+            out[i] = (1.0 + n - below) / (n + 1.0)
+
+
+@numba.njit(cache=True, nogil=True)
+def bonferroni(p, subset):  # pragma: no cover - compiled
+    """(min(1, D min_i p_i) over the non-NaN p, the same over those where `subset` is true): Bonferroni's combined
+    p-values of all statistics and of a subset; NaN for a subset without any value (1 when `p` has none)."""
+    lo, n, lo_s, n_s = 1.0, 0, 1.0, 0
+    for i in range(p.shape[0]):
+        v = p[i]
+        if v == v:
+            n += 1
+            lo = min(lo, v)
+            if subset[i]:
+                n_s += 1
+                lo_s = min(lo_s, v)
+    all_ = min(1.0, lo * n) if n > 0 else 1.0
+    part = min(1.0, lo_s * n_s) if n_s > 0 else np.nan
+    return all_, part
+
+
+@numba.njit(cache=True, nogil=True, fastmath=True)
+def id_relation(z, ids, table, weight, center, out):  # pragma: no cover - compiled
+    """The first stage's relation to its input token ids (see `tokens.IdRelation`): z (m, K) float32 are sampled
+    output tokens (projected), ids (m,) their input token ids, table (V, K) / weight (V,) the bias-corrected
+    running mean output of each id, center (K,) the running mean of every token. Over the tokens whose id was
+    seen before, cos_i = cos(z_i - center, table[id_i] / weight[id_i] - center); out[0] = 1 - mean cos,
+    out[1] = 1 - min cos; NaN, NaN when no token's id was seen before. (Centred by the stream's mean token, not
+    the message's: a message made mostly of one token -- a run of spaces -- would otherwise keep only its
+    context-dependent variation, which the id does not predict.)"""
+    m, K = z.shape
+    V = table.shape[0]
+    total = 0.0
+    low = 1.0
+    count = 0
+    known = 0
+    for i in range(m):
+        v = ids[i]
+        if not (0 <= v < V and weight[v] > 0.0):
+            continue
+        known += 1
+        dot = 0.0
+        na = 0.0
+        nb = 0.0
+        for c in range(K):
+            a = z[i, c] - center[c]
+            b = table[v, c] / weight[v] - center[c]
+            dot += a * b
+            na += a * a
+            nb += b * b
+        if na > 0.0 and nb > 0.0:
+            cs = dot / np.sqrt(na * nb)
+            total += cs
+            count += 1
+            if cs < low:
+                low = cs
+    if known == 0:
+        out[0] = np.nan
+        out[1] = np.nan
+    elif count == 0:
+        out[0] = 1.0
+        out[1] = 1.0
+    else:
+        out[0] = 1.0 - total / count
+        out[1] = 1.0 - low
+
+
+@numba.njit(cache=True, nogil=True)
+def id_learn(z, ids, table, weight, center, beta):  # pragma: no cover - compiled
+    """Running means per token id: table[v] <- beta table[v] + (1 - beta) z_i, weight[v] likewise from 0 (so
+    table[v] / weight[v] is the bias-corrected mean), for every sampled token i of id v < V; center[:K] the
+    bias-corrected running mean of every token (center[K] its weight)."""
+    m, K = z.shape
+    V = table.shape[0]
+    for i in range(m):
+        v = ids[i]
+        if 0 <= v < V:
+            for c in range(K):
+                table[v, c] = beta * table[v, c] + (1.0 - beta) * z[i, c]
+            weight[v] = beta * weight[v] + (1.0 - beta)
+    b = beta ** (1.0 / max(m, 1))  # the whole message moves the mean token as much as one token moves its id's
+    for i in range(m):
+        for c in range(K):
+            center[c] = b * center[c] + (1.0 - b) * z[i, c]
+        center[K] = b * center[K] + (1.0 - b)
+
+
+@numba.njit(cache=True, nogil=True)
+def calibrate(rows, count, q0, floor, max_shape, logs, values, subset, t, p):  # pragma: no cover - compiled
+    """One message's calibration in one call: t = values on the calibration scale (log where `logs`; NaN stays
+    NaN), p = their tail p-values (`tail_pvalues`); returns Bonferroni's p over all and over `subset` (`bonferroni`)."""
+    for i in range(values.shape[0]):
+        v = values[i]
+        t[i] = np.log(max(v, 1e-30)) if logs[i] and v == v else v
+    tail_pvalues(rows, count, q0, floor, max_shape, t, p)
+    return bonferroni(p, subset)
+
+
+@numba.njit(cache=True, nogil=True)
+def window_push(rows, ring, pos, count, t):  # pragma: no cover - compiled
+    """Add t (D,) to sorted windows `rows` (D, W) and the arrival-order ring (W, D) at `pos`: the value at `pos`
+    leaves a full window (count == W). Values are finite."""
+    full = count == ring.shape[0]
+    window_insert(rows, count, ring[pos].copy(), t, full)
+    for i in range(t.shape[0]):
+        ring[pos, i] = t[i]

@@ -1,50 +1,44 @@
-"""SENTINEL: stagewise integrity verification by EMA baselines and adaptive fences (arXiv 2603.03592).
+"""SENTINEL: stagewise integrity verification by EMA baselines and self-calibrated evidence (arXiv 2603.03592).
 
 What it assumes about honest traffic: within one stream (boundary b, direction), honest messages of
-nearby steps are exchangeable draws around a slowly drifting distribution — all replicas of a stage
-hold the same weights (synchronous DP) and see i.i.d. microbatches. An honest warm-up of
-`warmup_steps` steps (and at least `min_history` accepted messages per stream) builds the baselines.
+nearby steps are exchangeable draws around a slowly drifting distribution -- all replicas of a stage
+hold the same weights (synchronous DP) and see i.i.d. microbatches -- and a stage's output relates token by
+token to the input it received (the residual stream). An honest warm-up of `warmup_steps` steps (and at
+least `min_history` accepted messages per stream) builds the baselines. Nothing is shared between streams.
 
 Per stream:
-    baseline   bias-corrected EMA of message signatures (decay beta_act forward, beta_grad backward)
-    distances  message vs baseline (see `distances.py`)
-    fences     Tukey fences over the last `window` learned values of each distance: the outer fence
-               Q3 + k * IQR flags, the inner fence Q3 + k_learn * IQR gates learning (Tukey's
-               "far out" and "outside" values): a message between the fences is accepted but does not
-               teach the baseline (its verdict carries `outlier = 1`), so a persistent attack that stays
-               just under the flag threshold cannot drag the baseline or widen the fences.
-               `fence_scale: auto` (default) fences the magnitudes (l1, l2_normalized,
-               sliced_wasserstein, z_mean) on their logarithms -- multiplicative fences for positive,
-               right-skewed statistics whose spread grows with their level -- and the bounded ones
-               (sign_flip_ratio, skewness) as they are; a discrete statistic's IQR is floored at its
-               resolution (one flipped feature for sign_flip_ratio)
-    tokens     before the signature, a token longer than `token_clip` x the message's median token
-               norm is scaled down to that length (`distances.signature`): a few huge tokens (random
-               masking rescales kept entries 1/q) cannot dominate every pooled statistic
-    combine    any     flag if some distance is above its fence           (statistic: max_i e_i)
-               vote    flag if >= vote_m distances are                    (statistic: vote_m-th largest e_i)
-               weighted flag if sum_i w_i max(e_i, 0) > k                 (statistic: that sum)
-    consensus  honest-majority drift detection (`_stage_shift`): when more than half of the honest
-               replicas of the sending stage must be beyond the inner fence together, it is drift: a
-               message no more anomalous than them is accepted and learned, even beyond the outer fence
+    baseline   bias-corrected EMA of message signatures (decay beta_act forward, beta_grad backward); token
+               clipping first (a token longer than `token_clip` x the median is scaled down, `distances.py`)
+    statistics pooled distances to the baseline (`distances.py`) and token-level relations to what the sender
+               received (`tokens.py`: align, align_tail; token_norm on request)
+    calibrated (default) each statistic's tail probability under the stream's honest traffic, from a
+               generalised Pareto tail fitted to a window of its last `window` accepted values
+               (`calibration.py`; log scale for the magnitudes), Bonferroni-combined into the message's
+               p-value; flagged when evidence = -log10 p > `level`. The verdict carries p (and the
+               relation statistics' own p) for the response policy's sequential test (sentinel/sequential.py)
+    fences     the paper-style rules: Tukey fences Q3 + k IQR over the same windows, e_i = (d_i - Q3_i) / IQR_i;
+               combine any (max e_i > k), vote (vote_m-th largest), weighted (sum w_i max(e_i, 0))
+    learning   a message at or below the learning level (`learn_level`, `k_learn`) teaches the baseline and
+               the windows; one above it never the baseline, and the windows only its values capped at each
+               window's largest, once per sender every FLAG_MEMORY steps (honest heavy tails thicken the
+               window, a persistent attacker cannot stretch it)
+    consensus  honest-majority drift detection (`streams.Stream.stage_shift`): when more than half of the honest replicas
+               of the sending stage are anomalous together, it is drift: a message no more anomalous than
+               them is accepted and learned
     replays    an exact repeat of a relayed tensor is flagged as certain (`replay.py`)
-with e_i = (d_i - Q3_i) / IQR_i (of log d_i for a log-fenced distance), so every rule reads
-"statistic > k" and the logged `exceedance` score sweeps the whole ROC of the rule from one open-loop
-run. A flagged message updates nothing.
+Every rule reads "statistic > threshold" and the logged statistic (`evidence`, or `exceedance` for the fences)
+sweeps the rule's whole ROC from one open-loop run.
 
-Measured defaults (scenarios/paper/, see the issue note): combine `any` beats `vote` (which loses
-every attack only one distance sees, e.g. x0.5 scaling, seen by sliced Wasserstein alone) and `weighted`
-(six times the honest flag rate for the same recall); k = 4 keeps the clean-twin FPR at ~0.5% where
-k = 3 gives ~1.3%; 32 slices catch gradient sign attacks that 16 miss at a deep boundary; an inner
-fence at 2.5 (not Tukey's 1.5, whose selection lags the baseline behind honest drift: ~2% FPR on
-quickstart after its learning-rate warm-up) and a 5-step consensus horizon keep every clean twin
-measured at <= 0.3%. Log fences and token clipping took the clean-twin FPR under a 95% random mask
-from 9.9% to 0% (each alone: 4.6%, 1.6%) and on the paper table from 0.07% to 0 (see the issue-6 note).
+Measured (the issue-18 note): the calibrated rule's honest FPR is 0-0.3% on the synthetic source and 0.25-1.2%
+on byte-level text at the default level 3 (the fences at k = 4: 0.14% and 1.1-6.7%); the relation statistics
+see token permutations, sequence and microbatch exchanges and few-token edits that no pooled statistic sees.
+The fence rules' history: `any` beat `vote` and `weighted`; k = 4, k_learn = 2.5, log fences for magnitudes
+and token clipping (issue-4 and issue-6 notes).
 """
-
 from __future__ import annotations
 
 import dataclasses
+import math
 from typing import Literal
 
 import numpy as np
@@ -52,43 +46,38 @@ import torch
 
 from sentinel.config import spec
 from sentinel.detectors.base import Detector, Marker, Verdict
-from sentinel.detectors.baseline import Baseline, Fences, SenderMedianBaseline
+from sentinel.detectors.baseline import SenderMedianBaseline
+from sentinel.detectors.calibration import TailCalibrator
 from sentinel.detectors.distances import (
     DISTANCES,
-    MAGNITUDES,
     Projections,
     distances,
     layout,
     resolutions,
     signature,
 )
-from sentinel.detectors.replay import ReplayMemory
+from sentinel.detectors.streams import Stream, mix
+from sentinel.detectors.tokens import (
+    RELATION_STATS,
+    IdRelation,
+    is_token_ids,
+    reference_of,
+    relation,
+    sample_rows,
+    token_norm,
+)
 from sentinel.errors import ConfigError
 from sentinel.registry import DETECTORS
 from sentinel.transport.message import Message, Role
 
-DistanceName = Literal["l1", "l2_normalized", "sign_flip_ratio", "sliced_wasserstein", "z_mean", "skewness"]
-
-
-def fence_logs(cfg) -> tuple[bool, ...]:
-    """Per distance: fenced on a log scale? (`fence_scale`: linear, log, or auto = log for the magnitudes)."""
-    if cfg.fence_scale == "auto":
-        return tuple(name in MAGNITUDES for name in cfg.distances)
-    return (cfg.fence_scale == "log",) * len(cfg.distances)
-
-
-class _Stream:
-    """State of one (boundary, role) stream."""
-
-    def __init__(self, cfg, beta: float, keep_full: bool):
-        beta_var = 1.0 - 1.0 / cfg.window
-        if cfg.baseline == "sender_median":
-            self.baseline = SenderMedianBaseline(beta, beta_var, keep_full=keep_full)
-        else:
-            self.baseline = Baseline(beta, beta_var, keep_full=keep_full)
-        self.fences = Fences(tuple(cfg.distances), cfg.window, cfg.k, log=fence_logs(cfg))
-        self.flags = 0
-        self.recent: dict[str, tuple[int, float]] = {}  # sender -> (step, statistic) of its latest message
+DistanceName = Literal["l1", "l2_normalized", "sign_flip_ratio", "sliced_wasserstein", "z_mean", "skewness",
+                       "token_norm", "align", "align_tail"]
+# The default: every pooled distance and the relation statistics. token_norm (max / median token norm) is left out:
+# honest gradients of the last stage grow single huge tokens as the model learns (max / median from ~3 to 20-570
+# on byte-level text within 50 steps), faster than any window follows; the relation's tail sees a few tampered tokens.
+STATISTICS = DISTANCES + ("align", "align_tail")
+FLAG_MEMORY = 10  # steps: a sender's outliers teach the windows (capped) at most once in this many
+MIN_EVIDENCE = 40  # accepted values a window needs before its p-values feed the sequential test (8 above Q80)
 
 
 @DETECTORS.register("sentinel")
@@ -102,6 +91,7 @@ class Sentinel(Detector):
     """
 
     checks_payload = True  # NaN / Inf and replays are checked here, from the signature (see verifier.py)
+    wants_inputs = True  # the relation statistics read what each sender received (DetectorEnv.sender_inputs)
 
     @dataclasses.dataclass(frozen=True, kw_only=True)
     class Config:
@@ -112,18 +102,29 @@ class Sentinel(Detector):
             "coordinate-wise median (robust to a malicious minority, but laggier: measured worse, see the note)")
         pooling: Literal["token_mean", "full"] = spec(
             "token_mean", help="pooled vector: per-feature mean over tokens, or the whole tensor")
-        distances: tuple[DistanceName, ...] = spec(DISTANCES, help="distances compared with their fences")
+        distances: tuple[DistanceName, ...] = spec(
+            STATISTICS, help="statistics judged: the pooled distances to the baseline and the token-level ones "
+            "(tokens.py: align and align_tail where the sender's input is known; token_norm on request)")
         num_projections: int = spec(32, ge=1, le=1024, help="sliced Wasserstein: random directions")
         num_quantiles: int = spec(32, ge=2, le=1024, help="sliced Wasserstein: quantile levels per direction")
         max_tokens: int | None = spec(128, ge=8, help="tokens the higher moments and slices use (every s-th from a "
                                       "random offset); null: all. The pooled mean always uses all")
-        window: int = spec(100, ge=8, help="accepted values per distance the fences are computed over")
+        window: int = spec(200, ge=8, help="accepted values per statistic the tail probabilities (or fences) are "
+                           "computed over (200: ~40 above the 80th percentile to fit the tail; 100 and 50 gave 1.6x and "
+                           "3x the honest flag rate on byte-level text)")
         k: float = spec(4.0, gt=0, help="outer Tukey fence: flag above Q3 + k * IQR")
         k_learn: float = spec(2.5, ge=0, help="inner Tukey fence: only messages below Q3 + k_learn * IQR teach the "
                               "baseline (between the fences: accepted, not learned)")
         warmup_steps: int = spec(10, ge=0, help="steps during which the detector only learns")
         min_history: int = spec(16, ge=4, help="accepted messages a stream needs before it flags")
-        combine: Literal["any", "vote", "weighted"] = spec("any", help="how per-distance fence tests combine")
+        combine: Literal["calibrated", "any", "vote", "weighted"] = spec(
+            "calibrated", help="calibrated: per-statistic tail probabilities (calibration.py) combined by Bonferroni, "
+            "flag when -log10 p > level; any / vote / weighted: Tukey fences at k (the paper's rule and variants)")
+        level: float = spec(3.0, gt=0, help="calibrated: flag a message whose combined tail probability is below "
+                            "10^-level (the per-message false-alarm probability the rule aims at: 1e-3)")
+        learn_level: float = spec(3.0, ge=0, help="calibrated: only messages with -log10 p <= learn_level teach the "
+                                  "baseline and the windows (between the levels: accepted, not learned); a flagged "
+                                  "message teaches the windows its values capped at the flag level, never the baseline")
         vote_m: int = spec(2, ge=1, help="combine=vote: distances that must exceed their fence")
         weights: tuple[float, ...] = spec((), help="combine=weighted: one weight per distance (default: equal)")
         fence_scale: Literal["linear", "log", "auto"] = spec(
@@ -153,6 +154,9 @@ class Sentinel(Detector):
             out.append(("vote_m", f"{cfg.vote_m} votes needed but only {len(cfg.distances)} distances"))
         if cfg.k_learn > cfg.k:
             out.append(("k_learn", f"the inner fence ({cfg.k_learn}) must not exceed the outer one (k = {cfg.k})"))
+        if cfg.learn_level > cfg.level:
+            out.append(("learn_level", f"the learning level ({cfg.learn_level}) must not exceed the flag level "
+                        f"(level = {cfg.level})"))
         return out
 
     def __init__(self, config: Config | None = None, *, seed: int = 0, env=None):
@@ -163,11 +167,14 @@ class Sentinel(Detector):
         if problems:  # scenario validation reports these with their path; this guards direct construction
             raise ConfigError([f"detector.{k}: {m}" for k, m in problems])
         w = np.asarray(cfg.weights if cfg.weights else [1.0] * len(self.names), dtype=float)
-        self._weights = w / w.sum() * len(self.names) if cfg.weights else w
-        self._streams: dict[tuple[int, int], _Stream] = {}
+        self._weights = dict(zip(self.names, w / w.sum() * len(self.names) if cfg.weights else w))
+        self._streams: dict[tuple[int, int], Stream] = {}
         self._proj: dict[int, Projections] = {}
-        self._key = int(np.random.SeedSequence([seed, 0x70C]).generate_state(1, dtype=np.uint64)[0])  # private
-        self._replays = ReplayMemory(cfg.replay_memory) if cfg.replay_memory else None
+        self._key = mix(seed, 0x70C)  # private: never in the public view (a real verifier's secret)
+        self._norms = np.empty(2)  # scratch: the (median^2, max^2) token norms of the message being judged
+        self._rel = np.empty(2)  # scratch: (align, align_tail)
+        self._ids_now: tuple[np.ndarray, np.ndarray] | None = None  # (projected sampled tokens, their ids): learned
+        # with the message when it is accepted (first-stage streams only)
 
     # -- state ------------------------------------------------------------------------------------
     def _projections(self, dim: int) -> Projections:
@@ -175,149 +182,205 @@ class Sentinel(Detector):
             self._proj[dim] = Projections(dim, self.config.num_projections, self.config.num_quantiles, self.seed)
         return self._proj[dim]
 
-    def _stream(self, boundary: int, role: Role) -> _Stream:
+    def _stream(self, boundary: int, role: Role) -> Stream:
         key = (int(boundary), int(role))
         if key not in self._streams:
             beta = self.config.beta_act if role == Role.ACTIVATION else self.config.beta_grad
             keep_full = role == Role.GRADIENT and self.env.substitutes  # the EMA of whole payloads: a stand-in
-            self._streams[key] = _Stream(self.config, beta, keep_full=keep_full)
+            self._streams[key] = Stream(self.config, beta, keep_full=keep_full)
         return self._streams[key]
 
     def _offset(self, msg: Message) -> int:
-        """Which tokens the moments of this message look at: unpredictable to a sender without the detector's key.
+        """Which tokens the moments of `msg` look at: a keyed hash of the message identity, unpredictable to a
+        sender and independent of every other stream (verifiers per boundary need no shared generator)."""
+        return mix(self._key, msg.step, msg.mb_idx + 1, msg.boundary, int(msg.role)) >> 32
 
-        A keyed hash of the message's identity, not a generator shared by the streams: each stream's verdicts
-        then depend on that stream's messages only, whatever order the streams of a boundary interleave in (a
-        verifier process sees them in another order than sim's single process)."""
-        return splitmix64(self._key ^ (((msg.step * 4099 + msg.mb_idx) * 131 + msg.boundary) * 3 + int(msg.role))) >> 34
-
-    def _signature(self, payload: torch.Tensor, offset: int | None = None, msg: Message | None = None):
+    def _signature(self, payload: torch.Tensor, offset: int):
         proj = self._projections(payload.shape[-1])
-        if offset is None:
-            offset = self._offset(msg)
-        sig = signature(payload, proj, self.config.pooling, self.config.max_tokens, offset, self.config.token_clip)
+        sig = signature(payload, proj, self.config.pooling, self.config.max_tokens, offset, self.config.token_clip,
+                        self._norms)
         return sig, layout(tuple(payload.shape), proj, self.config.pooling)
 
-    @staticmethod
-    def _learn(st: _Stream, sig: np.ndarray, lay, msg: Message) -> None:
+    def _learn(self, st: Stream, sig: np.ndarray, lay, msg: Message) -> None:
         if isinstance(st.baseline, SenderMedianBaseline):
             st.baseline.update(sig, lay, msg.payload, sender=msg.sender, step=msg.step)
         else:
             st.baseline.update(sig, lay, msg.payload)
+        if st.ids is not None and self._ids_now is not None:
+            st.ids.learn(*self._ids_now)
 
-    def _comparable(self, st: _Stream, sig: np.ndarray) -> bool:
+    def _comparable(self, st: Stream, sig: np.ndarray) -> bool:
         return st.baseline.comparable(sig)
+
+    def _values(self, st: Stream, sig: np.ndarray, payload: torch.Tensor, reference, offset: int = 0) -> np.ndarray:
+        """The stream's statistics of one message, in `st.names` order (NaN: a relation with no reference)."""
+        got = dict(zip(st.pooled, distances(sig, st.baseline.view(), st.pooled).tolist()))
+        got["token_norm"] = token_norm(self._norms)
+        self._ids_now = None
+        if st.ids is not None and is_token_ids(reference, payload):
+            self._ids_now = self._sampled_ids(payload, reference, offset)
+            ok = st.ids.judge(*self._ids_now, self._rel)
+            got["align"], got["align_tail"] = (float(v) for v in self._rel) if ok else (np.nan, np.nan)
+        elif "align" in st.names or "align_tail" in st.names:
+            ok = relation(payload, reference, self._rel, self.config.max_tokens, offset)
+            got["align"], got["align_tail"] = (float(v) for v in self._rel) if ok else (np.nan, np.nan)
+        return np.array([got[n] for n in st.names])
+
+    def _sampled_ids(self, payload: torch.Tensor, ids: torch.Tensor, offset: int) -> tuple[np.ndarray, np.ndarray]:
+        """(projected sampled tokens (m, P), their input token ids (m,)) of the message just signed: the signature
+        left the projections of the tokens it sampled in its workspace."""
+        C = payload.shape[-1]
+        rows = sample_rows(ids.numel(), self.config.max_tokens, offset)
+        tok = ids.reshape(-1)[rows].cpu().numpy().astype(np.int64)
+        z = self._projections(C).workspace(len(tok))[:, C:].copy()
+        return z, tok
+
+    def _first(self, st: Stream, sig: np.ndarray, lay, msg: Message, offset: int) -> Verdict:
+        """The stream's first message: fix which statistics it can compute, and learn."""
+        ref = reference_of(self.env, msg)
+        has_ref = relation(msg.payload, ref, self._rel)
+        self._ids_now = None
+        if is_token_ids(ref, msg.payload):  # the first stage: the relation is to its input token ids
+            st.ids = IdRelation(self.config.num_projections, self.config.beta_act)
+            self._ids_now = self._sampled_ids(msg.payload, ref, offset)
+        has_ref = has_ref or st.ids is not None
+        st.setup(self.config, tuple(n for n in self.names if has_ref or n not in RELATION_STATS))
+        st.fences.set_resolution(resolutions(st.names, lay))
+        self._learn(st, sig, lay, msg)
+        return Verdict({}, False)
 
     @classmethod
     def threshold_rule(cls, config) -> dict:
-        """Flag <=> exceedance > k; only messages below the inner fence k_learn teach the detector, so its
-        state, and an open-loop run's verdict for any k >= k_learn, do not depend on k."""
-        return {"key": "k", "statistic": "exceedance", "value": config.k, "warmup_steps": config.warmup_steps,
-                "exact_from": config.k_learn}
+        """Flag <=> evidence > level (calibrated; exceedance > k for the fence rules); only messages at or below
+        the learning level teach the detector, so its state, and an open-loop run's verdict for any threshold
+        at or above it, do not depend on the threshold."""
+        key, statistic, value, learn = cls._rule(config)
+        return {"key": key, "statistic": statistic, "value": value, "warmup_steps": config.warmup_steps,
+                "exact_from": learn}
 
-    def statistic(self, exceed: np.ndarray) -> float:
-        """The combined statistic: flagged <=> statistic > k (see module docstring)."""
+    @staticmethod
+    def _rule(config) -> tuple[str, str, float, float]:
+        """(config key, logged statistic, flag threshold, learning threshold) of the combine rule."""
+        if config.combine == "calibrated":
+            return "level", "evidence", config.level, config.learn_level
+        return "k", "exceedance", config.k, config.k_learn
+
+    def _judge(self, st: Stream, values: np.ndarray) -> tuple[np.ndarray, float, float | None, float | None]:
+        """(values on the windows' scale, statistic, p-value, relation p-value) of one message: for `calibrated`
+        the evidence -log10 p of the Bonferroni-combined tail probabilities (and of the relation statistics
+        alone); else the fence rule's exceedance statistic (no p-values)."""
+        if self.config.combine != "calibrated":
+            t = st.fences.transform(values)
+            return t, self.statistic(st.fences.exceedance(values, t), st.names), None, None
+        t, p, p_rel = st.fences.judge(values, st.relation)
+        return t, -math.log10(max(p, 1e-300)), p, (p_rel if p_rel == p_rel else None)
+
+    def statistic(self, exceed: np.ndarray, names: tuple[str, ...] | None = None) -> float:
+        """The combined statistic: flagged <=> statistic > k (see module docstring). A statistic without a
+        value (a relation whose reference is missing) takes no part."""
+        exceed = np.where(np.isnan(exceed), -np.inf, exceed)  # only a relation without its reference is NaN here
         if self.config.combine == "any":
             return float(exceed.max())
         if self.config.combine == "vote":
             m = min(self.config.vote_m, len(exceed))
             return float(np.sort(exceed)[-m])
-        return float((self._weights * np.maximum(exceed, 0.0)).sum())
-
-    def _stage_shift(self, st: _Stream, step: int, e: float, level: float, stage: int) -> bool:
-        """Honest-majority consensus: is this above-fence message part of a stage-wide shift?
-
-        Let R be the live replicas of the sending stage and f = floor((R - 1) / 2) the most of them an
-        honest majority leaves malicious. If at least f + floor((R - f) / 2) + 1 distinct senders were
-        last (within `consensus_horizon` steps) above `level`, then more than half of the honest ones
-        are, whoever the malicious ones are: this is honest drift (a learning-rate change, a new data
-        regime), not an attack. The message is then treated as honest when it is no more anomalous than
-        the (R - f)-th smallest recent statistic; an outlier beyond it is not. A stage of one replica has
-        no peers to compare with: no consensus there (the paper's behaviour).
-        """
-        if not self.config.consensus_horizon or not np.isfinite(e):
-            return False
-        vals = sorted(v for s, v in st.recent.values() if step - s < self.config.consensus_horizon)
-        live = self.env.live_replicas(stage) if self.env.live_replicas is not None else st.recent
-        R = max(len(live), len(vals))
-        if R < 2:
-            return False
-        f = (R - 1) // 2
-        need = f + (R - f) // 2 + 1
-        if sum(v > level for v in vals) < need:
-            return False
-        return e <= vals[min(R - f, len(vals)) - 1]
+        w = np.array([self._weights[n] for n in (names or self.names)])
+        return float((w * np.maximum(exceed, 0.0)).sum())
 
     # -- the detector -----------------------------------------------------------------------------
     def scores(self, boundary: int, role, payload: torch.Tensor) -> dict[str, float]:
-        """Pure: no state moves, not even the token-sampling generator (it uses a fixed token subset, so on
-        payloads of more than `max_tokens` tokens it estimates what `observe` would compute)."""
+        """Pure: no state moves. It uses a fixed token subset (so on payloads of more than `max_tokens` tokens
+        it estimates what `observe` would compute) and no sender input (the relation statistics are left out)."""
         st = self._streams.get((int(boundary), int(role)))
-        if st is None:
+        if st is None or st.fences is None:
             return {}
-        sig, _ = self._signature(payload, offset=0)
+        sig, _ = self._signature(payload, 0)
         if not self._comparable(st, sig):
             return {}
-        values = distances(sig, st.baseline.view(), self.names)
-        d = dict(zip(self.names, values.tolist()))
+        values = self._values(st, sig, payload, None)
+        d = {n: v for n, v in zip(st.names, values.tolist()) if not np.isnan(v)}
         if st.fences.count:
-            d["exceedance"] = self.statistic(st.fences.exceedance(values))
+            d[self._rule(self.config)[1]] = self._judge(st, values)[1]
         return d
 
     def observe(self, msg: Message) -> Verdict:
         st = self._stream(msg.boundary, msg.role)
-        sig, lay = self._signature(msg.payload, msg=msg)
+        offset = self._offset(msg)
+        sig, lay = self._signature(msg.payload, offset)
         # NaN / Inf somewhere in the payload: never reaches any state. The float64 sum of a signature is finite
         # exactly when every entry is (entries are float32 values or a float64 square norm: no overflow)
         if not np.isfinite(np.add.reduce(sig)):
             return Verdict({}, True, frozenset({Marker.INTEGRITY}))
-        if self._replays is not None and self._replays.seen_before((tuple(msg.payload.shape), sig[:64].tobytes()),
-                                                                   msg.step):
+        if st.replays is not None and st.replays.seen_before((tuple(msg.payload.shape), sig[:64].tobytes()), msg.step):
             return Verdict({}, True, frozenset({Marker.REPLAY}))  # the pooled mean uses every token: equal only for a replay
-        if not self._comparable(st, sig):  # first message of the stream (the Verifier rejects odd shapes)
-            st.fences.set_resolution(resolutions(self.names, lay))
-            self._learn(st, sig, lay, msg)
-            return Verdict({}, False)
-        values = distances(sig, st.baseline.view(), self.names)
-        d = dict(zip(self.names, values.tolist()))
-        t = st.fences.transform(values)  # on the fences' scale, once for the test and the window
-        learn = True
-        if st.fences.count >= self.config.min_history:
-            e = d["exceedance"] = self.statistic(st.fences.exceedance(values, t))
-            if msg.step < self.config.warmup_steps:  # honest warm-up: learn everything, flag nothing (the
-                return self._accept(st, sig, lay, msg, values, d, t)  # statistic is still logged: peer tests use it)
-            stage = msg.boundary if msg.role == Role.ACTIVATION else msg.boundary + 1  # the sender's stage
-            st.recent[msg.sender] = (msg.step, e if np.isfinite(e) else np.inf)
-            shift = e > self.config.k_learn and self._stage_shift(st, msg.step, e, self.config.k_learn, stage)
-            if not e <= self.config.k and not shift:  # NaN counts as above the fence
-                st.flags += 1
-                return Verdict(d, True)
-            learn = e <= self.config.k_learn or shift
-            if shift:
-                marks = frozenset({Marker.SHIFT})
-            elif not learn:  # between the fences: accepted, not learned (soft evidence for the responder)
-                marks = frozenset({Marker.OUTLIER})
-            else:
-                marks = frozenset()
-            if learn:
-                return self._accept(st, sig, lay, msg, values, d, t, marks)
-            return Verdict(d, False, marks)
-        return self._accept(st, sig, lay, msg, values, d, t)
+        if not self._comparable(st, sig) or st.fences is None:  # first message (the Verifier rejects odd shapes)
+            return self._first(st, sig, lay, msg, offset)
+        values = self._values(st, sig, msg.payload, reference_of(self.env, msg), offset)
+        d = {n: v for n, v in zip(st.names, values.tolist()) if v == v}  # NaN: a relation without a reference
+        if st.fences.count < self.config.min_history:
+            return self._accept(st, sig, lay, msg, values, d, st.fences.transform(values))
+        _, name, k, k_learn = self._rule(self.config)
+        t, e, p, p_rel = self._judge(st, values)  # t: the values on the windows' scale, for the test and the windows
+        d[name] = e
+        if msg.step < self.config.warmup_steps:  # honest warm-up: learn everything, flag nothing, and give the
+            return self._accept(st, sig, lay, msg, values, d, t)  # sequential test no evidence (still logged)
+        if st.fences.count < MIN_EVIDENCE:  # a tail fitted to so few values is no evidence to accumulate
+            p = p_rel = None
+        stage = msg.boundary if msg.role == Role.ACTIVATION else msg.boundary + 1  # the sender's stage
+        st.recent[msg.sender] = (msg.step, e if np.isfinite(e) else np.inf)
+        drift = k_learn / 2 if self.config.combine == "calibrated" else k_learn  # "part of a stage-wide drift" above
+        live = self.env.live_replicas(stage) if self.env.live_replicas is not None else None
+        shift = e > k_learn and st.stage_shift(msg.step, e, drift, live, self.config.consensus_horizon)
+        if not e <= k_learn and not shift:  # NaN counts as above: the baseline will not learn it, the windows may
+            self._learn_outlier(st, msg, values, t)
+        if not e <= k and not shift:  # NaN counts as above the fence
+            st.flags += 1
+            return Verdict(d, True, pvalue=p, relation_pvalue=p_rel)
+        learn = e <= k_learn or shift
+        if shift:
+            marks = frozenset({Marker.SHIFT})
+        elif not learn:  # between the fences: accepted, not learned (soft evidence for the responder)
+            marks = frozenset({Marker.OUTLIER})
+        else:
+            marks = frozenset()
+        if learn:
+            return self._accept(st, sig, lay, msg, values, d, t, marks, p, p_rel)
+        return Verdict(d, False, marks, pvalue=p, relation_pvalue=p_rel)
 
-    def _accept(self, st: _Stream, sig: np.ndarray, lay, msg: Message, values: np.ndarray, d: dict,
-                t: np.ndarray, marks: frozenset = frozenset()) -> Verdict:
+    def _learn_outlier(self, st: Stream, msg: Message, values: np.ndarray, t: np.ndarray) -> None:
+        """A message above the learning level (flagged at the default levels) never teaches the baseline; its values
+        teach the windows capped at each window's largest value (`TailCalibrator.push_capped`), at most once per
+        sender every `FLAG_MEMORY` steps: honest outliers from any sender thicken a tail that was too light, a
+        sender caught again and again does not. Only the learning level decides this, so the detector's state
+        (and an open-loop run's verdicts at every level >= learn_level) does not depend on the flag level."""
+        last = st.outlier_at.get(msg.sender)
+        st.outlier_at[msg.sender] = msg.step
+        if not isinstance(st.fences, TailCalibrator) or np.isnan(values).any():
+            return
+        if last is None or msg.step - last >= FLAG_MEMORY:
+            st.fences.push_capped(t)
+
+    def _accept(self, st: Stream, sig: np.ndarray, lay, msg: Message, values: np.ndarray, d: dict,
+                t: np.ndarray, marks: frozenset = frozenset(), p: float | None = None,
+                p_rel: float | None = None) -> Verdict:
         """Accept and learn: the baseline and the fences take the message in (`t`: the values on the fences'
-        scale)."""
+        scale; a message missing a statistic teaches the baseline but not the fences)."""
         if np.isfinite(values).all():
             self._learn(st, sig, lay, msg)
             st.fences.push(values, t)
-        return Verdict(d, False, marks)
+        elif not np.isinf(values).any():  # only a relation is missing (NaN): the pooled baseline still learns
+            self._learn(st, sig, lay, msg)
+        return Verdict(d, False, marks, pvalue=p, relation_pvalue=p_rel)
 
     def thresholds(self, boundary: int, role) -> dict[str, float]:
         """Current fences of a stream (empty while it is still learning) and the combined rule's k."""
         st = self._streams.get((int(boundary), int(role)))
-        if st is None or st.fences.count < self.config.min_history:
+        if st is None or st.fences is None or st.fences.count < self.config.min_history:
             return {}
+        if self.config.combine == "calibrated":  # each statistic's value at the Bonferroni share of the level
+            out = dict(zip(st.names, st.fences.level(10 ** -self.config.level / len(st.names)).tolist()))
+            out["evidence"] = self.config.level
+            return out
         out = st.fences.thresholds() if self.config.combine == "any" else {}
         out["exceedance"] = self.config.k
         return out
@@ -334,16 +397,10 @@ class Sentinel(Detector):
         """Config, and per stream its fence thresholds and a baseline summary (never a verdict)."""
         streams = {}
         for (b, r), st in sorted(self._streams.items()):
+            if st.fences is None:
+                continue
             streams[f"{Role(r).label}/{b}"] = {
-                "thresholds": st.fences.thresholds(), "window_fill": st.fences.count,
+                "thresholds": self.thresholds(b, r), "window_fill": st.fences.count,
                 "baseline": st.baseline.summary(), "flags": st.flags,
             }
         return {"config": dataclasses.asdict(self.config), "streams": streams}
-
-
-def splitmix64(x: int) -> int:
-    """A 64-bit mixing function (Steele et al., SplitMix64's finaliser): a keyed hash of small integers."""
-    x = (x + 0x9E3779B97F4A7C15) & 0xFFFFFFFFFFFFFFFF
-    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & 0xFFFFFFFFFFFFFFFF
-    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & 0xFFFFFFFFFFFFFFFF
-    return x ^ (x >> 31)

@@ -108,9 +108,9 @@ class Verifier:
 class DetectorView:
     """Read-only window on the verifiers' detectors: current thresholds, pure scores, public state; never a verdict.
 
-    `thresholds(b, role)` maps each statistic to the value it must not exceed: for SENTINEL the Tukey
-    fence of every distance and `exceedance: k` (the combined rule; with `combine: any` the per-distance
-    fences say the same). Empty while the stream is still learning.
+    `thresholds(b, role)` maps each statistic to the value it must not exceed: for SENTINEL each statistic's
+    value at its Bonferroni share of the flag level and `evidence: level` (with the fence rules: the Tukey
+    fence of every distance and `exceedance: k`). Empty while the stream is still learning.
     """
 
     def __init__(self, detectors: Mapping[int, Detector]):

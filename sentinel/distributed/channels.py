@@ -96,13 +96,13 @@ def _key(msg: Message) -> tuple:
 
 def _record_to_json(msg: Message, v: Verdict) -> list:
     return [msg.step, msg.mb_idx, msg.boundary, int(msg.role), msg.sender, msg.receiver, msg.msg_id,
-            dict(v.scores), bool(v.flagged), sorted(m.value for m in v.markers)]
+            dict(v.scores), bool(v.flagged), sorted(m.value for m in v.markers), v.pvalue, v.relation_pvalue]
 
 
 def _record_from_json(r: list) -> tuple[Message, Verdict]:
-    step, mb, b, role, sender, receiver, mid, scores, flagged, markers = r
+    step, mb, b, role, sender, receiver, mid, scores, flagged, markers, pvalue, relation_pvalue = r
     msg = Message(step, mb, b, Role(role), sender, receiver, torch.empty(0), msg_id=mid)
-    return msg, Verdict(scores, flagged, frozenset(Marker(m) for m in markers))
+    return msg, Verdict(scores, flagged, frozenset(Marker(m) for m in markers), pvalue, relation_pvalue)
 
 
 # -- worker ranks ----------------------------------------------------------------------------------------

@@ -37,11 +37,19 @@ class Verdict:
         scores: the detector's continuous statistics (larger = more anomalous); markers are not scores.
         flagged: whether the message is judged malicious.
         markers: typed facts about the verdict (`Marker`).
+        pvalue: the message's tail probability under the stream's honest traffic (all statistics combined),
+            the per-message evidence sequential tests accumulate (sentinel/sequential.py); None where the
+            detector gives none.
+        relation_pvalue: the part of that evidence which only the sender's own computation explains (how its
+            output relates to the input it received): pooled statistics carry upstream corruption along, this
+            does not. None where there is none.
     """
 
     scores: Mapping[str, float]
     flagged: bool
     markers: frozenset[Marker] = frozenset()
+    pvalue: float | None = None
+    relation_pvalue: float | None = None
 
     @property
     def certain(self) -> bool:

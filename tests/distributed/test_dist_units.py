@@ -196,3 +196,17 @@ def test_merged_logs_keep_numbers_exact():
     log = EventLog()
     log.log_loss(3, 1, np.float64(1.2345678901234567))
     assert log_from_bytes(log_to_bytes(log)).losses["loss"][0] == np.float64(1.2345678901234567)
+
+
+def test_verdict_records_cross_processes_with_their_pvalues():
+    """The coordinator's response policy accumulates sequential evidence: the p-values must survive the channel."""
+    import json
+
+    from sentinel.distributed.channels import _record_from_json, _record_to_json
+    from sentinel.transport.verdict import Marker, Verdict
+
+    msg = Message(3, 1, 2, Role.GRADIENT, "s3r0", "s2r1", torch.ones(1), msg_id=17)
+    for v in (Verdict({"l1": 0.5}, True, frozenset({Marker.OUTLIER}), 1.5e-300, 0.25), Verdict({}, False)):
+        m2, v2 = _record_from_json(json.loads(json.dumps(_record_to_json(msg, v))))
+        assert v2 == v and (m2.step, m2.mb_idx, m2.boundary, m2.role, m2.sender, m2.msg_id) == (3, 1, 2, Role.GRADIENT,
+                                                                                                "s3r0", 17)

@@ -32,7 +32,7 @@ def test_open_loop_run_reports_auroc_a_recommended_k_and_its_confirmation(tmp_pa
     summary = runner.run(sc, tmp_path, progress=False)
     roc = summary["detection"]["roc"]
     assert roc["mode"] == "open_loop"
-    for name in ("l1", "sliced_wasserstein", "exceedance"):
+    for name in ("l1", "sliced_wasserstein", "align", "evidence"):
         assert 0.0 <= roc["statistics"][name]["auroc"] <= 1.0
     rule = roc["rule"]
     assert rule["auroc"] > 0.9  # a bias of 2 (activations are RMS-normalised to ~1) stands out

@@ -137,7 +137,8 @@ def test_fences_take_a_log_scale_per_statistic():
 
 
 def test_auto_fence_scale_logs_the_magnitudes_only():
-    from sentinel.detectors.stagewise import Sentinel, fence_logs
+    from sentinel.detectors.stagewise import Sentinel
+    from sentinel.detectors.streams import fence_logs
 
     cfg = Sentinel.Config(distances=DISTANCES, fence_scale="auto")
     assert fence_logs(cfg) == tuple(d in MAGNITUDES for d in DISTANCES)
@@ -268,5 +269,5 @@ def test_sentinel_sets_the_sign_flip_resolution_from_the_payload(proj):
     x = _payload(0)
     det.observe(Message(step=0, mb_idx=0, boundary=1, role=Role.ACTIVATION, sender="s1r0", receiver="s2r0", payload=x))
     st = det._streams[(1, int(Role.ACTIVATION))]
-    i = det.names.index("sign_flip_ratio")
-    assert st.fences.resolution[i] == pytest.approx(1 / 16) and st.fences.resolution[det.names.index("l1")] == 0
+    i = st.names.index("sign_flip_ratio")
+    assert st.fences.resolution[i] == pytest.approx(1 / 16) and st.fences.resolution[st.names.index("l1")] == 0

@@ -80,10 +80,15 @@ def test_flagged_messages_never_update_state():
     det = small()
     feed(det, 20)
     st = det._streams[(0, 1)]
-    before = (st.baseline.n, st.baseline._m.copy(), st.fences.count, st.fences._buf.copy())
+    before = (st.baseline.n, st.baseline._m.copy(), st.fences._pos)
+    top = st.fences._sorted[:, st.fences.count - 1].copy()  # each window's largest value
     assert det.observe(msg(20, 0, honest(20, 0) * 50)).flagged
-    assert st.baseline.n == before[0] and np.array_equal(st.baseline._m, before[1])
-    assert st.fences.count == before[2] and np.array_equal(st.fences._buf, before[3])
+    assert st.baseline.n == before[0] and np.array_equal(st.baseline._m, before[1])  # the baseline never learns it
+    # the windows learn it once, capped at their largest value: how far out it was stays unknown to them
+    assert st.fences._pos == (before[2] + 1) % st.fences.window
+    assert (st.fences._sorted[:, : st.fences.count].max(1) <= top).all()
+    assert det.observe(msg(20, 1, honest(20, 1) * 50)).flagged
+    assert st.fences._pos == (before[2] + 1) % st.fences.window  # the same sender within FLAG_MEMORY steps: no
 
 
 def test_scores_are_pure_and_match_observe():
@@ -104,7 +109,12 @@ def test_public_state_and_thresholds():
     state = det.public_state()
     assert set(state["streams"]) == {"gradient/0"}
     thr = det.thresholds(0, Role.GRADIENT)
-    assert set(thr) == set(det.names) | {"exceedance"} and thr["exceedance"] == det.config.k
+    st = det._streams[(0, int(Role.GRADIENT))]
+    assert set(thr) == set(st.names) | {"evidence"} and thr["evidence"] == det.config.level
+    legacy = small(combine="any")
+    feed(legacy, 20)
+    thr = legacy.thresholds(0, Role.GRADIENT)
+    assert set(thr) == set(legacy._streams[(0, 1)].names) | {"exceedance"} and thr["exceedance"] == legacy.config.k
     assert det.thresholds(3, Role.ACTIVATION) == {}
 
 
@@ -134,7 +144,9 @@ def test_single_outlier_sender_is_still_flagged_during_consensus():
 
 @pytest.mark.parametrize("combine", ["any", "vote", "weighted"])
 def test_combine_rules_read_statistic_against_k(combine):
-    det = small(combine=combine)
+    from sentinel.detectors.distances import DISTANCES
+
+    det = small(combine=combine, distances=DISTANCES)
     e = np.array([5.0, -1.0, 0.5, 2.0, -0.2, 0.0])
     stat = det.statistic(e)
     assert stat == {"any": 5.0, "vote": 2.0, "weighted": 7.5}[combine]

@@ -130,7 +130,7 @@ def test_detector_view_is_read_only():
     before = det.public_state()
     probe = torch.randn(SHAPE, generator=gen)
     assert view.scores(0, Role.ACTIVATION, probe) == view.scores(0, Role.ACTIVATION, probe)
-    assert set(view.thresholds(0, Role.ACTIVATION)) >= {"l1", "exceedance"}
+    assert set(view.thresholds(0, Role.ACTIVATION)) >= {"l1", "evidence"}
     assert det.public_state() == before
     assert not hasattr(view, "observe")  # a view gives no verdicts
 

@@ -1,0 +1,85 @@
+"""SENTINEL's state per stream (boundary, direction): baseline, calibration windows, relation tables, replay
+memory, and the honest-majority drift test. Nothing here is shared between streams, so verifiers per boundary
+(one process each on the distributed backend) hold exactly what one process would.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from sentinel.detectors.baseline import Baseline, Fences, SenderMedianBaseline
+from sentinel.detectors.calibration import TailCalibrator
+from sentinel.detectors.distances import DISTANCES, MAGNITUDES
+from sentinel.detectors.replay import ReplayMemory
+from sentinel.detectors.tokens import RELATION_STATS, IdRelation
+
+_MASK = (1 << 64) - 1
+
+
+def fence_logs(cfg, names: tuple[str, ...] | None = None) -> tuple[bool, ...]:
+    """Per statistic: fenced on a log scale? (`fence_scale`: linear, log, or auto = log for the magnitudes)."""
+    names = tuple(cfg.distances) if names is None else names
+    if cfg.fence_scale == "auto":
+        return tuple(name in MAGNITUDES for name in names)
+    return (cfg.fence_scale == "log",) * len(names)
+
+
+def mix(*keys: int) -> int:
+    """A 62-bit hash of non-negative integers (splitmix64 steps): the same in every process and run."""
+    h = 0x9E3779B97F4A7C15
+    for k in keys:
+        h = (h ^ (int(k) & _MASK)) * 0xBF58476D1CE4E5B9 & _MASK
+        h = (h ^ (h >> 31)) * 0x94D049BB133111EB & _MASK
+        h ^= h >> 29
+    return h >> 2
+
+
+class Stream:
+    """State of one (boundary, role) stream: nothing in it is shared with another stream."""
+
+    def __init__(self, cfg, beta: float, keep_full: bool):
+        beta_var = 1.0 - 1.0 / cfg.window
+        if cfg.baseline == "sender_median":
+            self.baseline = SenderMedianBaseline(beta, beta_var, keep_full=keep_full)
+        else:
+            self.baseline = Baseline(beta, beta_var, keep_full=keep_full)
+        self.names: tuple[str, ...] = ()  # the statistics this stream computes (set by its first message)
+        self.fences: Fences | None = None
+        self.ids: IdRelation | None = None  # the first stage's input is token ids: their running mean outputs
+        self.replays = ReplayMemory(cfg.replay_memory) if cfg.replay_memory else None
+        self.flags = 0
+        self.outlier_at: dict[str, int] = {}  # sender -> step of its latest message above the learning level
+        self.recent: dict[str, tuple[int, float]] = {}  # sender -> (step, statistic) of its latest message
+
+    def setup(self, cfg, names: tuple[str, ...]) -> None:
+        """Fix the stream's statistics: those of `cfg.distances` it can compute (`names`)."""
+        self.names = names
+        self.pooled = tuple(n for n in names if n in DISTANCES)
+        self.relation = np.array([n in RELATION_STATS for n in names])
+        if cfg.combine == "calibrated":
+            self.fences = TailCalibrator(names, cfg.window, fence_logs(cfg, names))
+        else:
+            self.fences = Fences(names, cfg.window, cfg.k, log=fence_logs(cfg, names))
+
+    def stage_shift(self, step: int, e: float, level: float, live: list[str] | None, horizon: int) -> bool:
+        """Honest-majority consensus: is this anomalous message part of a stage-wide shift?
+
+        Let R be the live replicas of the sending stage (`live`; None: the senders seen) and f = floor((R - 1) / 2)
+        the most of them an honest majority leaves malicious. If at least f + floor((R - f) / 2) + 1 distinct
+        senders were last (within `horizon` steps) above `level`, then more than half of the honest ones are,
+        whoever the malicious ones are: this is honest drift (a learning-rate change, a new data regime), not an
+        attack. The message is then treated as honest when it is no more anomalous than the (R - f)-th smallest
+        recent statistic; an outlier beyond it is not. A stage of one replica has no peers to compare with: no
+        consensus there (the paper's behaviour).
+        """
+        if not horizon or not np.isfinite(e):
+            return False
+        vals = sorted(v for s, v in self.recent.values() if step - s < horizon)
+        R = max(len(live if live is not None else self.recent), len(vals))
+        if R < 2:
+            return False
+        f = (R - 1) // 2
+        need = f + (R - f) // 2 + 1
+        if sum(v > level for v in vals) < need:
+            return False
+        return e <= vals[min(R - f, len(vals)) - 1]

@@ -1,0 +1,140 @@
+"""Token-level evidence: what the pooled signature cannot see.
+
+Every pooled statistic of `distances.py` (per-feature means, moments, sliced quantiles of the token cloud)
+is a function of the *multiset* of token vectors: it does not change when a sender reorders its tokens
+along the sequence or the batch, exchanges whole sequences or microbatches, or alters a handful of
+tokens among hundreds. Three statistics look at tokens one by one (all "larger = more anomalous"):
+
+    token_norm   max_i |x_i| / median_i |x_i|         (few tokens scaled up; measured before clipping)
+    align        1 - mean_i cos(y_i - ybar, r_i - rbar)   (the relation between what a stage received and
+    align_tail   1 - min_i  cos(y_i - ybar, r_i - rbar)    what it sent, token by token)
+
+For `align`, y is the message and r what its sender received for the same microbatch
+(`DetectorEnv.sender_inputs`): the input activation of a forward message, the gradient it received for
+a backward message. What it assumes about honest traffic: a transformer stage adds to a residual stream,
+h_out = h_in + F(h_in), and back-propagates through it, g_out = g_in + J_F^T g_in, so token i of the
+output points, after removing the message's mean token, roughly where token i of its input did (cosine
+0.95-0.98 on the built-in model, per stream steady to +-0.01). Any permutation of tokens (sequence,
+batch, a sequence or a microbatch exchanged), any replacement (random, constant, stale, another
+microbatch's output) and any sign change breaks that token-wise match; `align_tail` sees a few tokens
+tampered among many (a single flipped token takes the minimum from ~0.8 to ~-0.9). The relation reads the
+tokens the signature's moments sample (`max_tokens`, every s-th from a per-message offset the sender cannot
+predict; all of them up to 128 tokens): on larger messages a k-token edit is in the sample with probability
+~k / s per message, and the sequential evidence of the response policy adds the messages up. Not covered: the
+first stage's activations (its input is token ids) and the last stage's gradients (it receives no
+gradient), and a sender that computes a different residual update F' of the same size (a semantic attack
+only recomputation catches: `duplication`, `toploc`).
+
+The first stage receives token ids, not vectors: there `align` / `align_tail` compare each sampled output token
+(projected on the signature's P sliced-Wasserstein directions) with the running mean output of its input
+token id (`IdRelation`, learned from accepted messages), both centred by the stream's running mean token. The
+embedding dominates a first stage's output, so a token's output points where its id's usually does (on the
+built-in model 1 - cos ~0.003 on the synthetic source, ~0.1 on byte-level text), and a permuted or replaced
+token does not (~1). Still not covered: the last stage's gradients.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import torch
+
+TOKEN_STATS = ("token_norm", "align", "align_tail")
+RELATION_STATS = frozenset({"align", "align_tail"})  # NaN where the sender's input is not available
+
+
+def token_norm(norms: np.ndarray) -> float:
+    """max |x_i| / median |x_i| from `signature`'s (median^2, max^2) of the token norms (1 for a zero message)."""
+    med, top = float(norms[0]), float(norms[1])
+    if med > 0:
+        return math.sqrt(top / med)
+    return 1.0 if top == 0 else math.inf
+
+
+def _tokens(x: torch.Tensor) -> np.ndarray:
+    t = x.detach()
+    if t.dtype != torch.float32 or t.device.type != "cpu":
+        t = t.to("cpu", torch.float32)
+    return np.ascontiguousarray(t.numpy().reshape(-1, x.shape[-1]))  # N, C
+
+
+def relation(
+    payload: torch.Tensor,
+    reference: torch.Tensor | None,
+    out: np.ndarray,
+    max_tokens: int | None = None,
+    offset: int = 0,
+) -> bool:
+    """Writes (align, align_tail) of `payload` against `reference` to `out` (2,); False (out untouched) when
+    there is no comparable reference (none, token ids, another shape). Over every s-th token from `offset`
+    (s = ceil(N / max_tokens), the tokens the signature's moments sample), or all of them."""
+    if reference is None or not torch.is_floating_point(reference) or reference.shape != payload.shape:
+        return False
+    from sentinel.detectors import kernels
+
+    y = _tokens(payload)
+    n = y.shape[0]
+    stride = 1 if max_tokens is None or n <= max_tokens else -(-n // max_tokens)
+    kernels.relation(y, _tokens(reference), offset % stride, stride, out)
+    return True
+
+
+def sample_rows(n: int, max_tokens: int | None, offset: int) -> slice:
+    """The rows the signature's moments sample: every s-th of n from offset % s, s = ceil(n / max_tokens)."""
+    stride = 1 if max_tokens is None or n <= max_tokens else -(-n // max_tokens)
+    return slice(offset % stride, None, stride)
+
+
+def is_token_ids(reference, payload: torch.Tensor) -> bool:
+    """Whether the sender's input is token ids for this payload (the first stage): integers of its (B, T) shape."""
+    return reference is not None and not torch.is_floating_point(reference) and reference.shape == payload.shape[:-1]
+
+
+class IdRelation:
+    """The first stage's relation to its input token ids: the running mean output (projected) of each token id.
+
+    State: `table` (V, K) and `weight` (V,), plain arrays grown to the largest id seen (at most `MAX_IDS`; larger
+    ids are ignored), so table[v] / weight[v] is the bias-corrected exponential mean (decay `beta` per occurrence).
+    """
+
+    MAX_IDS = 1 << 20
+
+    def __init__(self, dim: int, beta: float):
+        self.beta = beta
+        self.table = np.zeros((0, dim))
+        self.weight = np.zeros(0)
+        self.center = np.zeros(dim + 1)  # the running mean token (bias-corrected by its last entry, a weight)
+
+    def _grow(self, ids: np.ndarray) -> None:
+        top = int(ids.max()) + 1 if len(ids) else 0
+        if top > len(self.weight) and len(self.weight) < self.MAX_IDS:
+            size = min(self.MAX_IDS, max(top, 2 * len(self.weight), 64))
+            self.table = np.concatenate([self.table, np.zeros((size - len(self.weight), self.table.shape[1]))])
+            self.weight = np.concatenate([self.weight, np.zeros(size - len(self.weight))])
+
+    def judge(self, z: np.ndarray, ids: np.ndarray, out: np.ndarray) -> bool:
+        """Writes (align, align_tail) of the projected sampled tokens `z` (m, K) against their ids (m,); False when
+        none of the ids was seen before."""
+        from sentinel.detectors import kernels
+
+        if self.center[-1] <= 0:
+            out[:] = np.nan
+            return False
+        kernels.id_relation(z, ids, self.table, self.weight, self.center[:-1] / self.center[-1], out)
+        return bool(out[0] == out[0])
+
+    def learn(self, z: np.ndarray, ids: np.ndarray) -> None:
+        from sentinel.detectors import kernels
+
+        self._grow(ids)
+        kernels.id_learn(z, ids, self.table, self.weight, self.center, self.beta)
+
+
+def reference_of(env, msg) -> torch.Tensor | None:
+    """What the sender of `msg` received that its output should match token by token: the input activation or
+    token ids (forward), the received gradient (backward); None where the backend offers no `sender_inputs`."""
+    got = env.sender_inputs(msg) if env.sender_inputs is not None else None
+    if got is None:
+        return None
+    return got.x if int(msg.role) == 0 else got.grad

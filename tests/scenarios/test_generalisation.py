@@ -1,0 +1,65 @@
+"""End to end: the token-level attack class is caught and banned fast, the honest cost stays low on text, and
+the baselines (TOPLOC-style commitments, river drift detectors) run in a scenario."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from sentinel import scenario
+from sentinel.runner import build_engine, malicious_workers
+from sentinel.scoring.metrics import message_metrics, worker_metrics
+
+TABLE1 = Path(__file__).resolve().parents[2] / "scenarios" / "paper" / "table1.yaml"
+
+
+def run(*overrides: str):
+    sc = scenario.load(TABLE1, ["scoring.twins=[]", "training.steps=24", *overrides])
+    engine = build_engine(sc)
+    engine.run()
+    return engine, malicious_workers(engine)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("role", ["activation", "gradient"])
+def test_token_permutations_are_banned_within_five_steps(role):
+    engine, malicious = run(f"adversary.attacks=[{{name: token_permute, role: {role}, start: 10}}]")
+    w = worker_metrics(engine.log, malicious)
+    assert sorted(w["banned"]) == sorted(malicious) and w["false_bans"] == 0
+    assert w["max_steps_to_ban"] <= 5
+
+
+@pytest.mark.slow
+def test_honest_text_traffic_keeps_the_false_alarm_rate_low():
+    engine, _ = run("data.source=text", "adversary.attacks=[]", "training.steps=40")
+    assert message_metrics(engine.log)["fpr"] <= 0.01 and len(engine.log.bans) == 0
+
+
+@pytest.mark.slow
+def test_toploc_audits_catch_a_sign_flip_as_certain_evidence():
+    engine, malicious = run(
+        "detector.name=toploc", "detector.p=1.0", "adversary.attacks=[{name: scaling, role: activation, start: 10}]"
+    )
+    w = worker_metrics(engine.log, malicious)
+    assert sorted(w["banned"]) == sorted(malicious) and w["false_bans"] == 0
+    assert sum(v.detector.commitment_bytes for v in engine.verifiers.values()) > 0
+
+
+@pytest.mark.slow
+def test_river_drift_detectors_run_on_sentinels_statistics():
+    pytest.importorskip("river")
+    engine, malicious = run(
+        "detector.name=river_adwin", "adversary.attacks=[{name: random, role: activation, start: 10}]"
+    )
+    v = engine.log.verdicts
+    assert "score_drifts" in v.names and v["flagged"].sum() > 0
+
+
+def test_a_missing_river_is_a_located_error_with_the_install_command(monkeypatch):
+    import sentinel.detectors.drift as drift
+    from sentinel.errors import ConfigError
+
+    monkeypatch.setattr(drift, "river_missing", lambda: f"needs the optional dependency river: {drift.INSTALL}")
+    with pytest.raises(ConfigError, match=r"detector\.name: .*pip install -e \"\.\[river\]\""):
+        scenario.load(TABLE1, ["detector.name=river_kswin"])

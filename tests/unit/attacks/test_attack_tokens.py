@@ -1,0 +1,76 @@
+"""The token-level attack class: each keeps what it claims to keep, and changes what it claims to change."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from attacks.base import AttackContext
+from sentinel.config import build
+from sentinel.registry import ATTACKS
+from sentinel.transport.message import Role
+
+
+def make(name, **params):
+    cls = ATTACKS.get(name)
+    return cls(build(cls.Config, params))
+
+
+def ctx(step=3, mb=1):
+    return AttackContext(step=step, mb_idx=mb, boundary=1, role=Role.ACTIVATION, worker="s1r0", seed=5)
+
+
+X = torch.randn(4, 16, 8, generator=torch.Generator().manual_seed(0))
+
+
+def multiset(x):
+    rows = x.reshape(-1, x.shape[-1])
+    return sorted(map(tuple, rows.tolist()))
+
+
+@pytest.mark.parametrize("name", ["token_permute", "batch_permute", "sequence_swap"])
+def test_permutations_keep_the_multiset_of_token_vectors(name):
+    y = make(name).apply(X, ctx())
+    assert y.shape == X.shape and not torch.equal(y, X)
+    assert multiset(y) == multiset(X)
+    torch.testing.assert_close(y.mean((0, 1)), X.mean((0, 1)))
+
+
+def test_token_permute_moves_each_sequence_within_itself_and_share_limits_it():
+    y = make("token_permute").apply(X, ctx())
+    for b in range(4):
+        assert multiset(y[b : b + 1]) == multiset(X[b : b + 1])
+    part = make("token_permute", share=0.25).apply(X, ctx())
+    moved = (part != X).any(-1).sum(-1)  # per sequence
+    assert (moved == 4).all()  # round(0.25 * 16) positions, all moved (a cyclic shift among them)
+
+
+def test_batch_and_sequence_swaps_keep_every_token_at_its_position():
+    for name in ("batch_permute", "sequence_swap"):
+        y = make(name).apply(X, ctx())
+        for t in range(16):
+            assert multiset(y[:, t : t + 1]) == multiset(X[:, t : t + 1])
+
+
+def test_microbatch_exchange_sends_the_previous_messages_sequences():
+    a = make("microbatch_exchange", share=0.5)
+    prev = X + 100
+    c = ctx()
+    assert not a.wants(c)
+    a.observe(prev, c)
+    y = a.apply(X, c)
+    from_prev = [b for b in range(4) if torch.equal(y[b], prev[b])]
+    assert len(from_prev) == 2 and all(torch.equal(y[b], X[b]) for b in range(4) if b not in from_prev)
+
+
+def test_few_tokens_changes_exactly_k_tokens_with_the_inner_attack():
+    y = make("few_tokens", attack="scaling", params={"alpha": -1.0}, tokens=3).apply(X, ctx())
+    changed = (y != X).any(-1).reshape(-1)
+    assert int(changed.sum()) == 3
+    torch.testing.assert_close(y.reshape(-1, 8)[changed], -X.reshape(-1, 8)[changed])
+
+
+def test_rank_two_tensors_are_declined():
+    v = torch.randn(16)
+    for name in ("token_permute", "batch_permute", "sequence_swap"):
+        assert make(name).apply(v, ctx()) is v

@@ -1,0 +1,131 @@
+"""Token-level statistics: the compiled relation against numpy, and what each one sees that pooling cannot."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from sentinel.detectors import kernels
+from sentinel.detectors.tokens import reference_of, relation, token_norm
+
+
+def reference_relation(y: np.ndarray, r: np.ndarray) -> tuple[float, float]:
+    y, r = y.reshape(-1, y.shape[-1]).astype(np.float64), r.reshape(-1, r.shape[-1]).astype(np.float64)
+    yc, rc = y - y.mean(0), r - r.mean(0)
+    ny, nr = np.linalg.norm(yc, axis=1), np.linalg.norm(rc, axis=1)
+    ok = (ny > 0) & (nr > 0)
+    if not ok.any():
+        return 1.0, 1.0
+    cos = (yc * rc).sum(1)[ok] / (ny * nr)[ok]
+    return 1.0 - cos.mean(), 1.0 - cos.min()
+
+
+def residual_pair(seed: int, shape=(4, 16, 32), update=0.3):
+    """A stage's input r and its output y = r + F(r) (a small residual update), like a transformer block."""
+    g = torch.Generator().manual_seed(seed)
+    r = torch.randn(shape, generator=g) + 0.5  # a shared mean direction, removed by the centring
+    w = torch.randn(shape[-1], shape[-1], generator=g) / shape[-1] ** 0.5
+    return r + update * torch.tanh(r @ w), r
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_relation_kernel_is_the_numpy_definition(seed):
+    y, r = residual_pair(seed)
+    if seed == 3:
+        y.view(-1, 32)[5] = y.view(-1, 32).mean(0)  # a token equal to the mean: left out (no direction)
+    out = np.empty(2)
+    assert relation(y, r, out)
+    np.testing.assert_allclose(out, reference_relation(y.numpy(), r.numpy()), rtol=1e-9, atol=1e-12)
+
+
+def test_relation_reads_the_sampled_tokens():
+    y, r = residual_pair(2, shape=(4, 64, 16))
+    out = np.empty(2)
+    assert relation(y, r, out, max_tokens=64, offset=5)  # 256 tokens: every 4th from 5 % 4 = 1
+    rows = slice(1, None, 4)
+    want = reference_relation(y.reshape(-1, 16)[rows].numpy(), r.reshape(-1, 16)[rows].numpy())
+    np.testing.assert_allclose(out, want, rtol=1e-9, atol=1e-12)
+
+
+def test_relation_needs_a_comparable_float_reference():
+    y, r = residual_pair(0)
+    out = np.full(2, -1.0)
+    assert not relation(y, None, out) and not relation(y, r[:, :8], out)
+    assert not relation(y, torch.zeros(4, 16, dtype=torch.long), out)  # token ids (the first stage's input)
+    assert (out == -1.0).all()
+    kernels.relation(np.zeros((6, 4), np.float32), np.ones((6, 4), np.float32), 0, 1, out)  # constant: no direction
+    assert out.tolist() == [1.0, 1.0]
+
+
+@pytest.mark.parametrize(
+    "tamper",
+    [
+        lambda y: y[:, torch.randperm(16, generator=torch.Generator().manual_seed(1))],  # sequence order
+        lambda y: y.roll(1, dims=0),  # sequences exchanged
+        lambda y: y.flip(1),
+    ],  # reversed
+    ids=["token_permute", "batch_permute", "reverse"],
+)
+def test_permutations_keep_pooled_statistics_but_break_the_relation(tamper):
+    y, r = residual_pair(0)
+    t = tamper(y)
+    np.testing.assert_allclose(t.mean((0, 1)), y.mean((0, 1)), atol=1e-6)  # the pooled mean is the same
+    honest, bad = np.empty(2), np.empty(2)
+    relation(y, r, honest)
+    relation(t, r, bad)
+    assert honest[0] < 0.1 and bad[0] > 0.5
+
+
+def test_a_single_flipped_token_moves_the_tail():
+    y, r = residual_pair(1)
+    t = y.clone()
+    t.view(-1, 32)[7] *= -1
+    honest, bad = np.empty(2), np.empty(2)
+    relation(y, r, honest)
+    relation(t, r, bad)
+    assert bad[0] - honest[0] < 0.05  # one token of 64 barely moves the mean
+    assert honest[1] < 0.5 and bad[1] > 1.5  # but takes the minimum cosine to ~-1
+
+
+def test_token_norm_is_max_over_median():
+    assert token_norm(np.array([4.0, 36.0])) == pytest.approx(3.0)
+    assert token_norm(np.array([0.0, 0.0])) == 1.0 and token_norm(np.array([0.0, 1.0])) == np.inf
+
+
+def test_reference_of_reads_the_right_input_per_direction():
+    from sentinel.detectors.base import DetectorEnv
+    from sentinel.transport.message import Message, Role
+    from sentinel.transport.relay import SenderInputs
+
+    x_in, g_in = torch.ones(2), torch.zeros(2)
+    env = DetectorEnv(sender_inputs=lambda msg: SenderInputs((0, 0, 1, int(msg.role)), x_in, g_in))
+    fwd = Message(0, 0, 1, Role.ACTIVATION, "s1r0", "s2r0", torch.ones(2))
+    bwd = Message(0, 0, 1, Role.GRADIENT, "s2r0", "s1r0", torch.ones(2))
+    assert reference_of(env, fwd) is x_in and reference_of(env, bwd) is g_in
+    assert reference_of(DetectorEnv(), fwd) is None
+
+
+def test_first_stage_relation_to_token_ids():
+    """A first stage's output is its ids' embeddings plus context: permuting tokens breaks the match with the ids."""
+    from sentinel.detectors.tokens import IdRelation
+
+    g = torch.Generator().manual_seed(3)
+    emb = torch.randn(20, 16, generator=g)  # V = 20 ids, K = 16 projected features
+
+    def message(seed):
+        gen = torch.Generator().manual_seed(seed)
+        ids = torch.randint(0, 20, (64,), generator=gen)
+        return (emb[ids] + 0.2 * torch.randn(64, 16, generator=gen)).numpy().astype(np.float32), ids.numpy()
+
+    rel, out = IdRelation(16, 0.9), np.empty(2)
+    z, ids = message(0)
+    assert not rel.judge(z, ids, out)  # nothing learned yet
+    for s in range(20):
+        rel.learn(*message(s))
+    z, ids = message(99)
+    assert rel.judge(z, ids, out) and out[0] < 0.1
+    perm = np.random.default_rng(0).permutation(64)
+    rel.judge(z[perm], ids, out)
+    assert out[0] > 0.6
+    assert rel.judge(z, np.full(64, 10**7), out) is False  # ids beyond the table: not judged
