@@ -115,7 +115,9 @@ def main(argv: list[str] | None = None) -> int:
         os._exit(code)  # skip process-group teardown: peers may be gone
     rt.comm.flush()
     rt.close()
-    return 0
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)  # the work is done and reported: skip interpreter teardown, where a daemon thread can abort
 
 
 if __name__ == "__main__":

@@ -172,8 +172,17 @@ class WorkerChannel:
         return self.step_end.run(st, None)
 
     def close(self) -> None:
-        for v in self.frames.open:
-            self.comm.send_frame(v, W.header(W.END))
+        end_frames(self.comm, self.frames)
+
+
+def end_frames(comm: Comm, frames: Frames) -> None:
+    """End of a job: an END frame to every peer, whether or not its own END has arrived (each peer's reader of
+    this rank waits for it), then wait for this rank's readers, so no reader is left blocked in a receive when
+    the next job starts or the process group is destroyed."""
+    for p in frames.peers:
+        comm.send_frame(p, W.header(W.END))
+    comm.flush()
+    frames.join(comm.timeout_s)
 
 
 # -- verifier ranks ---------------------------------------------------------------------------------------
@@ -220,8 +229,7 @@ class VerifierChannel:
         return events
 
     def close(self) -> None:
-        for p in self.frames.open:
-            self.comm.send_frame(p, W.header(W.END))
+        end_frames(self.comm, self.frames)
 
     # -- one step -----------------------------------------------------------------------------------------
     def begin_step(self, program: StepProgram, st: StepState) -> None:

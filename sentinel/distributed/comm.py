@@ -103,7 +103,7 @@ class Frames:
     def __init__(self, comm: Comm, peers: list[int], payload_shape: tuple[int, ...], limit: int):
         self.comm, self.shape, self.limit = comm, tuple(payload_shape), limit
         self.q: queue.Queue = queue.Queue()
-        self.open = set(peers)
+        self.peers, self.open = list(peers), set(peers)
         self.heard = {p: time.monotonic() for p in peers}  # when each peer's latest frame arrived
         self.threads = [threading.Thread(target=self._read, args=(p,), daemon=True, name=f"frames<-{p}")
                         for p in peers]
@@ -137,6 +137,12 @@ class Frames:
                     return
         except Exception as exc:  # the peer died: tell the main thread, which knows what it was waiting for
             self.q.put((src, None, PeerFault(src, f"{self.comm.describe(src)} {describe_failure(exc)}")))
+
+    def join(self, timeout_s: float) -> None:
+        """Wait (at most `timeout_s` in all) for the reader threads to end: each ends at its peer's END frame."""
+        deadline = time.monotonic() + timeout_s
+        for t in self.threads:
+            t.join(max(0.0, deadline - time.monotonic()))
 
     def get(self, what: Callable[[], tuple[str, list[int]]]) -> tuple[int, list[int] | None, torch.Tensor | None]:
         """The next frame. `what()` says what is awaited and from which ranks: on a timeout, the awaited rank

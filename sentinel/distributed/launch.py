@@ -95,11 +95,26 @@ def launch(scenario_path: str, out: Path, overrides: list[str] | tuple[str, ...]
     finally:
         if sink is not None:
             sink.close()
-    if code == 0 and (out / "summary.json").is_file():
+    if (out / "summary.json").is_file() and (code == 0 or _all_ranks_ok(out, rank_map.world_size)):
+        if code != 0:  # every rank finished its work and said so; only the teardown after it failed
+            print(f"warning: torchrun exited with code {code} after every rank reported success (a failure in "
+                  f"process teardown); the results in {out} are complete", file=sys.stderr, flush=True)
         return json.loads((out / "summary.json").read_text())
     message = diagnose(out, rank_map)
     _salvage(out, rank_map, message)
     raise RunError(message)
+
+
+def _all_ranks_ok(out: Path, world: int) -> bool:
+    """Did every rank write its exit file with status ok (its work done, its results handed over)?"""
+    for rank in range(world):
+        f = out / "ranks" / f"rank{rank}" / "exit.json"
+        try:
+            if json.loads(f.read_text())["status"] != "ok":
+                return False
+        except (OSError, ValueError, KeyError, TypeError):
+            return False
+    return True
 
 
 def _stop(proc: subprocess.Popen, grace_s: float = 15.0) -> None:
@@ -129,7 +144,7 @@ def diagnose(out: Path, rank_map: RankMap) -> str:
             silent.append(rank_map.describe(rank))
             continue
         info = json.loads(f.read_text())
-        if info["status"] == "error":
+        if info["status"] in ("error", "terminated"):  # terminated: torchrun ended it after a peer failed first
             errors.append(f"{rank_map.describe(rank)}: {info['message']}")
     lines = [f"{who} died without reporting (killed or crashed)" for who in silent] + errors
     if not lines:
