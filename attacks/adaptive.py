@@ -130,6 +130,11 @@ class WarmupPoisoning(Attack):
     @classmethod
     def check(cls, index, spec, scenario, malicious):
         if spec.start != 0:
-            return [(f"adversary.attacks[{index}].start", f"warmup_poisoning acts from step 0 (that is the attack: "
-                     f"the baseline learns it), got start {spec.start}; use slow_drift or another attack instead")]
+            return [
+                (
+                    f"adversary.attacks[{index}].start",
+                    f"warmup_poisoning acts from step 0 (that is the attack: "
+                    f"the baseline learns it), got start {spec.start}; use slow_drift or another attack instead",
+                )
+            ]
         return []

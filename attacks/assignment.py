@@ -69,17 +69,32 @@ def assignment_problems(sc) -> list[tuple[str, str]]:
     if adv.placement == "random" and adv.fraction > 0:
         n = malicious_per_stage(adv.fraction, R)
         if not open_stages(S, adv.protect):
-            out.append(("adversary.protect", f"protects every stage of a {S}-stage pipeline: no worker can be "
-                        "malicious; remove 'first' or 'last' or add stages"))
+            out.append(
+                (
+                    "adversary.protect",
+                    f"protects every stage of a {S}-stage pipeline: no worker can be "
+                    "malicious; remove 'first' or 'last' or add stages",
+                )
+            )
         elif 2 * n >= R and n > 0 and not adv.allow_dishonest_majority:
-            out.append(("adversary.fraction", f"{adv.fraction} of {R} replicas rounds to {n} malicious per stage: "
-                        f"no honest majority (needs 2 * malicious < {R}); lower the fraction, raise "
-                        "pipeline.replicas, or set adversary.allow_dishonest_majority: true to study exactly that"))
+            out.append(
+                (
+                    "adversary.fraction",
+                    f"{adv.fraction} of {R} replicas rounds to {n} malicious per stage: "
+                    f"no honest majority (needs 2 * malicious < {R}); lower the fraction, raise "
+                    "pipeline.replicas, or set adversary.allow_dishonest_majority: true to study exactly that",
+                )
+            )
     malicious = assign_malicious(adv, S, R, sc.seed)
     if adv.attacks and not malicious and not out:
         where = "adversary.fraction" if adv.placement == "random" else "adversary.workers"
-        out.append((where, f"the scenario configures attacks but no worker is malicious (fraction {adv.fraction} of "
-                    f"{R} replicas rounds to 0 per stage); raise adversary.fraction or list adversary.workers"))
+        out.append(
+            (
+                where,
+                f"the scenario configures attacks but no worker is malicious (fraction {adv.fraction} of "
+                f"{R} replicas rounds to 0 per stage); raise adversary.fraction or list adversary.workers",
+            )
+        )
     return out
 
 
@@ -100,14 +115,24 @@ def _explicit_problems(adv, S: int, R: int) -> list[tuple[str, str]]:
             out.append((path, f"{wid!r} is listed twice"))
         elif sr[0] in closed:
             which = "first" if sr[0] == 0 else "last"
-            out.append((path, f"{wid!r} is in the {which} stage, which adversary.protect keeps honest; "
-                        f"remove '{which}' from adversary.protect to allow it"))
+            out.append(
+                (
+                    path,
+                    f"{wid!r} is in the {which} stage, which adversary.protect keeps honest; "
+                    f"remove '{which}' from adversary.protect to allow it",
+                )
+            )
         else:
             per_stage[sr[0]] = per_stage.get(sr[0], 0) + 1
     if not adv.allow_dishonest_majority:
         for s, n in sorted(per_stage.items()):
             if 2 * n >= R:
-                out.append(("adversary.workers", f"stage {s} has {n} malicious of {R} replicas: no honest majority "
-                            "(needs 2 * malicious < replicas); set adversary.allow_dishonest_majority: true "
-                            "to study exactly that"))
+                out.append(
+                    (
+                        "adversary.workers",
+                        f"stage {s} has {n} malicious of {R} replicas: no honest majority "
+                        "(needs 2 * malicious < replicas); set adversary.allow_dishonest_majority: true "
+                        "to study exactly that",
+                    )
+                )
     return out

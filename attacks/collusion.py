@@ -114,6 +114,11 @@ class UndoPair(Attack):
     def check(cls, index, spec, scenario, malicious):
         stages = {(parse_worker(w) or (-9, 0))[0] for w in (spec.workers or malicious)}
         if not any(s + 1 in stages for s in stages):
-            return [(f"adversary.attacks[{index}].workers", "undo_pair needs colluders in two adjacent stages "
-                     f"(its workers are in stages {sorted(stages)}); list workers of stages s and s+1")]
+            return [
+                (
+                    f"adversary.attacks[{index}].workers",
+                    "undo_pair needs colluders in two adjacent stages "
+                    f"(its workers are in stages {sorted(stages)}); list workers of stages s and s+1",
+                )
+            ]
         return []

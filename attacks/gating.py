@@ -61,8 +61,13 @@ class Wrapper(Attack):
     def check(cls, index, spec, scenario, malicious):
         path, cfg = f"adversary.attacks[{index}]", spec.config
         if cfg.attack in _NOT_WRAPPABLE:
-            return [(f"{path}.attack", f"{cfg.attack!r} cannot be wrapped (it does not act on message tensors); "
-                     "use its own start/stop/every/duty/prob keys")]
+            return [
+                (
+                    f"{path}.attack",
+                    f"{cfg.attack!r} cannot be wrapped (it does not act on message tensors); "
+                    "use its own start/stop/every/duty/prob keys",
+                )
+            ]
         try:
             inner_cls = ATTACKS.get(cfg.attack)
         except ConfigError as exc:
@@ -73,8 +78,13 @@ class Wrapper(Attack):
             return [tuple(p.split(": ", 1)) if ": " in p else (f"{path}.params", p) for p in exc.problems]
         roles = {"both": {"activation", "gradient"}}.get(spec.role, {spec.role})
         if not roles <= inner_cls.ROLES:
-            return [(f"{path}.role", f"inner attack {cfg.attack!r} supports role(s) "
-                     f"{', '.join(sorted(inner_cls.ROLES))}, got {spec.role!r}")]
+            return [
+                (
+                    f"{path}.role",
+                    f"inner attack {cfg.attack!r} supports role(s) "
+                    f"{', '.join(sorted(inner_cls.ROLES))}, got {spec.role!r}",
+                )
+            ]
         return inner_cls.check(index, spec, scenario, malicious)
 
 

@@ -36,8 +36,12 @@ from sentinel.errors import RunError
 from sentinel.registry import ATTACKS
 from sentinel.transport.message import Message, Role, Wire
 
-_ROLES = {"activation": (Role.ACTIVATION,), "gradient": (Role.GRADIENT,),
-          "both": (Role.ACTIVATION, Role.GRADIENT), "dp_gradient": (Role.DP_GRADIENT,)}
+_ROLES = {
+    "activation": (Role.ACTIVATION,),
+    "gradient": (Role.GRADIENT,),
+    "both": (Role.ACTIVATION, Role.GRADIENT),
+    "dp_gradient": (Role.DP_GRADIENT,),
+}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -80,8 +84,9 @@ class AdversaryLayer:
             raise RunError(f"malicious workers {sorted(unknown)} are not in the mesh")
         self._mal = frozenset(self.malicious)
         t = scenario.transport  # codec name per role: which wire fields post-codec attacks touch
-        self.codec_names = {role: (getattr(t, f"{role.label}_codec", None) or t.codec).name
-                            for role in (Role.ACTIVATION, Role.GRADIENT)}
+        self.codec_names = {
+            role: (getattr(t, f"{role.label}_codec", None) or t.codec).name for role in (Role.ACTIVATION, Role.GRADIENT)
+        }
         self.vocab = data_vocab(scenario)  # target corruption draws labels the tokenizer can produce
         self.entries = [self._entry(i, spec, scenario.seed) for i, spec in enumerate(adv.attacks)]
         self._pending_targets: dict[tuple[int, int, str], str] = {}
@@ -91,9 +96,14 @@ class AdversaryLayer:
     def _entry(self, i: int, spec, seed: int) -> _Entry:
         attack = ATTACKS.get(spec.name)(spec.config)
         return _Entry(
-            index=i, name=spec.name, attack=attack, schedule=Schedule.from_spec(spec),
-            workers=frozenset(spec.workers or self.malicious) & self._mal, roles=frozenset(_ROLES[spec.role]),
-            placement=spec.placement, seed=seeded_int(seed, 0xA77, i),
+            index=i,
+            name=spec.name,
+            attack=attack,
+            schedule=Schedule.from_spec(spec),
+            workers=frozenset(spec.workers or self.malicious) & self._mal,
+            roles=frozenset(_ROLES[spec.role]),
+            placement=spec.placement,
+            seed=seeded_int(seed, 0xA77, i),
             on_targets=callable(getattr(attack, "corrupt", None)),
         )
 
@@ -160,10 +170,19 @@ class AdversaryLayer:
 
     # -- internals ---------------------------------------------------------------------------------
     def _ctx(self, e: _Entry, msg: Message, field: str) -> AttackContext:
-        return AttackContext(step=msg.step, mb_idx=msg.mb_idx, boundary=msg.boundary, role=msg.role,
-                             worker=msg.sender, receiver=msg.receiver, seed=e.seed,
-                             since=msg.step - e.schedule.start, colluders=e.workers, field=field,
-                             num_stages=self.num_stages)
+        return AttackContext(
+            step=msg.step,
+            mb_idx=msg.mb_idx,
+            boundary=msg.boundary,
+            role=msg.role,
+            worker=msg.sender,
+            receiver=msg.receiver,
+            seed=e.seed,
+            since=msg.step - e.schedule.start,
+            colluders=e.workers,
+            field=field,
+            num_stages=self.num_stages,
+        )
 
     def _matches(self, e: _Entry, msg: Message, placement: str) -> bool:
         if e.on_targets or msg.role not in e.roles or msg.sender not in e.workers:
@@ -200,5 +219,7 @@ class AdversaryLayer:
             y = new[f]
             if not isinstance(y, torch.Tensor) or y.shape != x.shape or y.dtype != x.dtype:
                 got = f"{tuple(y.shape)} {y.dtype}" if isinstance(y, torch.Tensor) else type(y).__name__
-                raise RunError(f"attack {e.name!r} (adversary.attacks[{e.index}]) returned {got} for a "
-                               f"{tuple(x.shape)} {x.dtype} {msg.role.label} tensor; attacks must keep shape and dtype")
+                raise RunError(
+                    f"attack {e.name!r} (adversary.attacks[{e.index}]) returned {got} for a "
+                    f"{tuple(x.shape)} {x.dtype} {msg.role.label} tensor; attacks must keep shape and dtype"
+                )

@@ -24,8 +24,15 @@ from sentinel.config import spec
 from sentinel.registry import ATTACKS
 
 # content fields of the built-in codecs (tokens, indices and integer codes are never offered)
-for _codec, _fields in {"fp16": ("x",), "bf16": ("x",), "int8": ("scale",), "int4": ("scale",),
-                        "topk": ("values",), "random_mask": ("v",), "subspace": ("c",)}.items():
+for _codec, _fields in {
+    "fp16": ("x",),
+    "bf16": ("x",),
+    "int8": ("scale",),
+    "int4": ("scale",),
+    "topk": ("values",),
+    "random_mask": ("v",),
+    "subspace": ("c",),
+}.items():
     register_wire_fields(_codec, _fields)
 
 PIPELINE_ROLES = frozenset({"activation", "gradient"})
@@ -49,9 +56,14 @@ class _PostCodec(Attack):
         wrong = sorted(_codecs_of(spec.role, scenario) - set(cls.CODECS))
         if not wrong:
             return []
-        return [(f"adversary.attacks[{index}].placement", f"{spec.name} tampers the wire format of "
-                 f"{' / '.join(cls.CODECS)}, but the {spec.role} codec is {', '.join(wrong)}; set transport.codec "
-                 f"to {cls.CODECS[0]!r} or use placement: pre_codec")]
+        return [
+            (
+                f"adversary.attacks[{index}].placement",
+                f"{spec.name} tampers the wire format of "
+                f"{' / '.join(cls.CODECS)}, but the {spec.role} codec is {', '.join(wrong)}; set transport.codec "
+                f"to {cls.CODECS[0]!r} or use placement: pre_codec",
+            )
+        ]
 
 
 def _shuffle(x: torch.Tensor, fraction: float, gen: torch.Generator) -> torch.Tensor:

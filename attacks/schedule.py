@@ -51,9 +51,19 @@ def schedule_problems(spec, steps: int) -> list[tuple[str, str]]:
     if spec.stop is not None and spec.stop <= spec.start:
         out.append(("stop", f"stop ({spec.stop}) must be > start ({spec.start}), or the attack never acts"))
     if spec.duty > spec.every:
-        out.append(("duty", f"duty ({spec.duty}) must be <= every ({spec.every}): it is the number of active "
-                    "steps in each period of `every` steps"))
+        out.append(
+            (
+                "duty",
+                f"duty ({spec.duty}) must be <= every ({spec.every}): it is the number of active "
+                "steps in each period of `every` steps",
+            )
+        )
     if spec.start >= steps:
-        out.append(("start", f"start ({spec.start}) >= training.steps ({steps}): the attack never acts; "
-                    "lower start or raise training.steps"))
+        out.append(
+            (
+                "start",
+                f"start ({spec.start}) >= training.steps ({steps}): the attack never acts; "
+                "lower start or raise training.steps",
+            )
+        )
     return out

@@ -57,13 +57,27 @@ class TargetCorruption(Attack):
     def check(cls, index, spec, scenario, malicious):
         path, last = f"adversary.attacks[{index}]", scenario.pipeline.stages - 1
         if scenario.pipeline.stages < 2:
-            return [(f"{path}.name", "target_corruption needs pipeline.stages >= 2 (it acts through the last "
-                     "stage's gradient messages)")]
+            return [
+                (
+                    f"{path}.name",
+                    "target_corruption needs pipeline.stages >= 2 (it acts through the last stage's gradient messages)",
+                )
+            ]
         if "last" in scenario.adversary.protect:
-            return [("adversary.protect", f"attack {index} (target_corruption) needs a malicious last stage, which "
-                     "protect keeps honest: remove 'last' from adversary.protect")]
+            return [
+                (
+                    "adversary.protect",
+                    f"attack {index} (target_corruption) needs a malicious last stage, which "
+                    "protect keeps honest: remove 'last' from adversary.protect",
+                )
+            ]
         runners = spec.workers or malicious
         if not any((parse_worker(w) or (-1, -1))[0] == last for w in runners):
-            return [(f"{path}.workers", f"no worker running target_corruption is in the last stage (s{last}r*); "
-                     "list one in adversary.workers / this attack's workers")]
+            return [
+                (
+                    f"{path}.workers",
+                    f"no worker running target_corruption is in the last stage (s{last}r*); "
+                    "list one in adversary.workers / this attack's workers",
+                )
+            ]
         return []

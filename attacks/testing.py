@@ -73,6 +73,17 @@ def drive(layer, scenario, workers, log, steps: int, shape: tuple[int, int, int]
             honest = _payload(scenario.seed, step, -1, workers.stage[i], Role.DP_GRADIENT, (dp_dim,))
             given = honest.clone()
             delivered = layer.dp_contribution(step, workers.stage[i], wid, given)
-            out.append(Sent(-1, step, -1, workers.stage[i], Role.DP_GRADIENT, wid, honest, delivered,
-                            input_intact=torch.equal(given, honest)))
+            out.append(
+                Sent(
+                    -1,
+                    step,
+                    -1,
+                    workers.stage[i],
+                    Role.DP_GRADIENT,
+                    wid,
+                    honest,
+                    delivered,
+                    input_intact=torch.equal(given, honest),
+                )
+            )
     return out

@@ -305,7 +305,13 @@ def sentinel_detection(
     honest_steps = window + 8 if honest_steps is None else honest_steps
     with testbed.single_thread():
         det = testbed.sentinel(
-            seed=seed, distances=("l1",), window=window, k=k, k_learn=k_learn, beta_act=beta, warmup_steps=0,
+            seed=seed,
+            distances=("l1",),
+            window=window,
+            k=k,
+            k_learn=k_learn,
+            beta_act=beta,
+            warmup_steps=0,
             fence_scale="linear",  # the bound is for Q3 + k IQR of the statistic itself (the default fences log l1)
         )
         stream = testbed.HonestStream(shape, 1.0, seed)

@@ -169,9 +169,14 @@ def hf_engine_overhead(quick: bool) -> dict:
     t = alternate({"plain": plain, "engine": lambda: SimEngine(sc)}, reps=2 if quick else 5, steps=3 if quick else 8)
     return {
         "hf_engine_overhead": t["engine"] / t["plain"],
-        "hf_engine_overhead_detail": {"plain_s_per_step": t["plain"], "sim_s_per_step": t["engine"],
-                                      "model": describe(sc)["family"], "params": describe(sc)["params_total"],
-                                      "stages": sc.pipeline.stages, "replicas": sc.pipeline.replicas},
+        "hf_engine_overhead_detail": {
+            "plain_s_per_step": t["plain"],
+            "sim_s_per_step": t["engine"],
+            "model": describe(sc)["family"],
+            "params": describe(sc)["params_total"],
+            "stages": sc.pipeline.stages,
+            "replicas": sc.pipeline.replicas,
+        },
     }
 
 
@@ -268,7 +273,6 @@ def dist_vs_sim(quick: bool) -> dict:
     import json
     import tempfile
 
-
     steps = 4 if quick else 12
     overrides = ["pipeline.stages=3", f"training.steps={steps}", f"training.eval_every={steps}"]
     sc = load_bench("engine", *overrides)
@@ -309,7 +313,6 @@ def _dist_timing(name: str, overrides: list[str], nproc: int, verifiers: int | N
     """dist_timing.json of a distributed run of a bench scenario (one intra-op thread per process)."""
     import json
     import tempfile
-
 
     with tempfile.TemporaryDirectory() as tmp:
         launch(
@@ -374,7 +377,6 @@ def sweep_parallel_speedup(quick: bool) -> dict:
     time of the pool's processes is not visible from here.
     """
     import tempfile
-
 
     overrides = ["training.steps=12", "training.eval_every=12"] if quick else []
     wall = {}

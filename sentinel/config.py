@@ -388,6 +388,13 @@ def describe_plugin(registry, name: str) -> dict[str, Any]:
         if f.default_factory is not dataclasses.MISSING:  # type: ignore[misc]
             default = f.default_factory()  # type: ignore[misc]
         is_int = f.type in (int, "int", "int | None")  # plug-in modules use string annotations
-        params.append({"name": f.name, "type": getattr(f.type, "__name__", str(f.type)), "default": default,
-                       "help": f.metadata.get("help", ""), "range": range_text(f.metadata, int if is_int else None)})
+        params.append(
+            {
+                "name": f.name,
+                "type": getattr(f.type, "__name__", str(f.type)),
+                "default": default,
+                "help": f.metadata.get("help", ""),
+                "range": range_text(f.metadata, int if is_int else None),
+            }
+        )
     return {"kind": registry.kind, "name": name, "doc": (cls.__doc__ or "").strip(), "params": params}

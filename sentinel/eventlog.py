@@ -84,12 +84,27 @@ class EventLog:
 
     def __init__(self) -> None:
         self.messages = Table(
-            {"id": np.int64, "step": np.int32, "mb": np.int32, "boundary": np.int16, "role": np.int8,
-             "sender": np.int32, "receiver": np.int32, "bytes": np.int64}
+            {
+                "id": np.int64,
+                "step": np.int32,
+                "mb": np.int32,
+                "boundary": np.int16,
+                "role": np.int8,
+                "sender": np.int32,
+                "receiver": np.int32,
+                "bytes": np.int64,
+            }
         )
         self.ground_truth = Table(
-            {"msg": np.int64, "step": np.int32, "mb": np.int32, "role": np.int8, "worker": np.int32,
-             "attack": np.int16, "norm_ratio": np.float32}
+            {
+                "msg": np.int64,
+                "step": np.int32,
+                "mb": np.int32,
+                "role": np.int8,
+                "worker": np.int32,
+                "attack": np.int16,
+                "norm_ratio": np.float32,
+            }
         )
         self.verdicts = Table({"msg": np.int64, "flagged": np.bool_, "acted": np.bool_})
         self.losses = Table({"step": np.int32, "mb": np.int32, "loss": np.float64})
@@ -116,15 +131,26 @@ class EventLog:
     # -- writers -------------------------------------------------------------------------------
     def log_message(self, msg) -> None:
         self.messages.append(
-            id=msg.msg_id, step=msg.step, mb=msg.mb_idx, boundary=msg.boundary, role=int(msg.role),
-            sender=self.worker_index(msg.sender), receiver=self.worker_index(msg.receiver), bytes=msg.wire_bytes,
+            id=msg.msg_id,
+            step=msg.step,
+            mb=msg.mb_idx,
+            boundary=msg.boundary,
+            role=int(msg.role),
+            sender=self.worker_index(msg.sender),
+            receiver=self.worker_index(msg.receiver),
+            bytes=msg.wire_bytes,
         )
 
     def log_tamper(self, msg, attack: str, norm_ratio: float) -> None:
         """Ground truth: written by the adversary layer only."""
         self.ground_truth.append(
-            msg=msg.msg_id, step=msg.step, mb=msg.mb_idx, role=int(msg.role),
-            worker=self.worker_index(msg.sender), attack=self.attack_index(attack), norm_ratio=norm_ratio,
+            msg=msg.msg_id,
+            step=msg.step,
+            mb=msg.mb_idx,
+            role=int(msg.role),
+            worker=self.worker_index(msg.sender),
+            attack=self.attack_index(attack),
+            norm_ratio=norm_ratio,
         )
 
     def log_verdict(self, msg_id: int, verdict, acted: bool = True) -> None:
@@ -133,8 +159,9 @@ class EventLog:
         scores.update((m.value, 1.0) for m in verdict.markers)
         for name in scores:
             self.verdicts.add_column(f"score_{name}", np.float32, np.nan)
-        self.verdicts.append(msg=msg_id, flagged=bool(verdict.flagged), acted=acted,
-                             **{f"score_{k}": v for k, v in scores.items()})
+        self.verdicts.append(
+            msg=msg_id, flagged=bool(verdict.flagged), acted=acted, **{f"score_{k}": v for k, v in scores.items()}
+        )
 
     def log_loss(self, step: int, mb: int, loss: float) -> None:
         self.losses.append(step=step, mb=mb, loss=loss)
@@ -193,8 +220,9 @@ class EventLog:
                 first[a] = len(names)
                 names.append(self.attacks[a])
         if len(self.ground_truth):
-            self.ground_truth._cols["attack"][: len(self.ground_truth)] = [first[a] for a in
-                                                                           self.ground_truth["attack"].tolist()]
+            self.ground_truth._cols["attack"][: len(self.ground_truth)] = [
+                first[a] for a in self.ground_truth["attack"].tolist()
+            ]
         self.attacks = names
         self.losses = _sorted(self.losses, np.lexsort((self.losses["mb"], self.losses["step"])))
         self.evals = _sorted(self.evals, np.lexsort((self.evals["step"],)))
@@ -225,13 +253,39 @@ class EventLog:
         roles = {0: "activation", 1: "gradient", 2: "dp_gradient"}
         with open(path, "w", newline="") as f:
             w = csv.writer(f)
-            w.writerow(["msg", "step", "mb", "boundary", "role", "sender", "receiver", "bytes", "tampered_by",
-                        "norm_ratio", "flagged", *score_cols])
+            w.writerow(
+                [
+                    "msg",
+                    "step",
+                    "mb",
+                    "boundary",
+                    "role",
+                    "sender",
+                    "receiver",
+                    "bytes",
+                    "tampered_by",
+                    "norm_ratio",
+                    "flagged",
+                    *score_cols,
+                ]
+            )
             for j in range(n):
-                w.writerow([m["id"][j], m["step"][j], m["mb"][j], m["boundary"][j], roles[int(m["role"][j])],
-                            self.workers[m["sender"][j]], self.workers[m["receiver"][j]], m["bytes"][j],
-                            gt_attack[j], "" if np.isnan(gt_ratio[j]) else f"{gt_ratio[j]:.6g}", flagged[j],
-                            *["" if np.isnan(scores[k][j]) else f"{scores[k][j]:.6g}" for k in score_cols]])
+                w.writerow(
+                    [
+                        m["id"][j],
+                        m["step"][j],
+                        m["mb"][j],
+                        m["boundary"][j],
+                        roles[int(m["role"][j])],
+                        self.workers[m["sender"][j]],
+                        self.workers[m["receiver"][j]],
+                        m["bytes"][j],
+                        gt_attack[j],
+                        "" if np.isnan(gt_ratio[j]) else f"{gt_ratio[j]:.6g}",
+                        flagged[j],
+                        *["" if np.isnan(scores[k][j]) else f"{scores[k][j]:.6g}" for k in score_cols],
+                    ]
+                )
 
 
 def _sorted(table: Table, order: np.ndarray, columns_sorted: bool = False) -> Table:
@@ -241,7 +295,10 @@ def _sorted(table: Table, order: np.ndarray, columns_sorted: bool = False) -> Ta
     if columns_sorted:
         fixed = [k for k in arrays if not k.startswith("score_")]
         arrays = {k: arrays[k] for k in fixed + sorted(set(arrays) - set(fixed))}
-    out = Table.from_arrays({k: v[order] for k, v in arrays.items()}) if len(order) else Table(
-        {k: v.dtype for k, v in arrays.items()})
+    out = (
+        Table.from_arrays({k: v[order] for k, v in arrays.items()})
+        if len(order)
+        else Table({k: v.dtype for k, v in arrays.items()})
+    )
     out._fill = {**out._fill, **table._fill}
     return out

@@ -255,7 +255,9 @@ def warnings_for(sc: scenario_mod.Scenario) -> list[str]:
         f = malicious_per_stage(adv.fraction, p.replicas) * len(stages)
         protect_ends = len(stages) == p.stages - 2 and p.stages > 2
         try:
-            prob = prob_stage_compromised(p.stages, p.replicas, f, exact=p.stages * p.replicas <= 4096, protect_ends=protect_ends)
+            prob = prob_stage_compromised(
+                p.stages, p.replicas, f, exact=p.stages * p.replicas <= 4096, protect_ends=protect_ends
+            )
         except ValueError:
             return out
         if prob > 0.01:

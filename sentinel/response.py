@@ -220,8 +220,9 @@ class Responder:
         self.evidence = SequentialEvidence(alpha) if alpha is not None else None  # sentinel/sequential.py
         self._tainted: set[int] = set()  # microbatches of this step with an anomalous message so far
 
-    def deliver(self, msg: Message, verdict: Verdict,
-                substitute: Callable[[Message], torch.Tensor | None] | None = None) -> torch.Tensor | None:
+    def deliver(
+        self, msg: Message, verdict: Verdict, substitute: Callable[[Message], torch.Tensor | None] | None = None
+    ) -> torch.Tensor | None:
         """What the receiver of `msg` gets: its payload, a stand-in (`substitute`), or None (dropped)."""
         if self.mode == "open_loop":
             return msg.payload
@@ -360,7 +361,6 @@ class Responder:
             owner = np.repeat(np.arange(len(names)), [len(recent[w]) for w in names])
             for i in majority_outliers(pairwise_pvalues(rows, owner, len(names)), self.config.ban_pvalue):
                 self.ban(names[i], step)
-
 
     def _judge(self, worker: str, step: int, strikes: int, pvalue: float, soft: bool = False) -> None:
         if worker in self.banned:

@@ -26,22 +26,28 @@ MAX_WORKERS = 16_384  # stages x replicas in one mesh (the library's largest is 
 class HFModelConfig:
     """A transformers causal LM (model.source: hf): built from a config at random init, or loaded from a folder."""
 
-    config: dict[str, Any] | None = spec(None, help="a transformers config: `model_type` (llama, mistral, qwen2, "
-                                         "gpt2) and that family's keys, e.g. hidden_size; random init from the seed")
+    config: dict[str, Any] | None = spec(
+        None,
+        help="a transformers config: `model_type` (llama, mistral, qwen2, "
+        "gpt2) and that family's keys, e.g. hidden_size; random init from the seed",
+    )
     path: str | None = spec(None, help="local folder with config.json and *.safetensors weights (loaded offline)")
     attn_implementation: Literal["sdpa", "eager"] = spec("sdpa", help="transformers attention kernel")
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class ModelConfig:
-    source: Literal["builtin", "hf"] = spec("builtin", help="the built-in Llama-style model, or a transformers "
-                                            "model (model.hf; needs pip install -e '.[hf]')")
+    source: Literal["builtin", "hf"] = spec(
+        "builtin",
+        help="the built-in Llama-style model, or a transformers model (model.hf; needs pip install -e '.[hf]')",
+    )
     layers: int = spec(4, ge=1, le=1024, help="builtin: transformer blocks, split evenly over the stages")
     dim: int = spec(64, ge=4, le=65536, help="builtin: model width")
     heads: int = spec(4, ge=1, le=1024, help="builtin: attention heads; dim / heads must be even (rotary)")
     seq_len: int = spec(64, ge=2, le=65536, help="tokens per sequence")
-    vocab: int | None = spec(None, ge=2, le=2**20, help="vocabulary size; default: the tokenizer's (or the hf "
-                             "config's)")
+    vocab: int | None = spec(
+        None, ge=2, le=2**20, help="vocabulary size; default: the tokenizer's (or the hf config's)"
+    )
     ffn_hidden: int | None = spec(None, ge=1, le=2**18, help="builtin: SwiGLU hidden width; default ~8/3 * dim")
     hf: HFModelConfig = dataclasses.field(default_factory=HFModelConfig)
 
@@ -49,20 +55,29 @@ class ModelConfig:
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class DataConfig:
     source: Literal["synthetic", "text"] = spec("synthetic", help="seeded Markov source, or local text")
-    path: str | None = spec(None, help="source=text: a text file, a folder of text files, or a JSONL file "
-                            "(one document per line; default: Python's bundled docs)")
-    tokenizer: Literal["bytes", "bpe", "hf"] = spec("bytes", help="source=text: bytes (vocab 256), a byte-level "
-                                                   "BPE trained on the training split, or a local transformers "
-                                                   "tokenizer (tokenizer_path)")
+    path: str | None = spec(
+        None,
+        help="source=text: a text file, a folder of text files, or a JSONL file "
+        "(one document per line; default: Python's bundled docs)",
+    )
+    tokenizer: Literal["bytes", "bpe", "hf"] = spec(
+        "bytes",
+        help="source=text: bytes (vocab 256), a byte-level "
+        "BPE trained on the training split, or a local transformers "
+        "tokenizer (tokenizer_path)",
+    )
     bpe_vocab: int = spec(4096, ge=257, le=2**20, help="tokenizer=bpe: vocabulary size to train")
     tokenizer_path: str | None = spec(None, help="tokenizer=hf: local tokenizer folder (default: model.hf.path)")
     text_field: str = spec("text", help="JSONL corpus: the key holding each document's text")
     batch_size: int = spec(8, ge=1, le=65536, help="sequences per microbatch")
     vocab: int = spec(64, ge=2, le=4096, help="synthetic source: number of token types")
     order: int = spec(1, ge=1, le=3, help="synthetic source: Markov order")
-    concentration: float = spec(0.1, gt=0, le=1e6, help="synthetic source: Dirichlet concentration of each transition row")
-    val_fraction: float = spec(0.1, gt=0, lt=1, help="text source: held-out fraction (of the documents, or the "
-                               "tail of a single text)")
+    concentration: float = spec(
+        0.1, gt=0, le=1e6, help="synthetic source: Dirichlet concentration of each transition row"
+    )
+    val_fraction: float = spec(
+        0.1, gt=0, lt=1, help="text source: held-out fraction (of the documents, or the tail of a single text)"
+    )
     val_batches: int = spec(4, ge=1, le=4096, help="validation microbatches per evaluation")
 
 
@@ -132,7 +147,9 @@ class NetworkConfig:
 
     enabled: bool = spec(True, help="run the simulated clock (fills transport.sim_time_s)")
     preset: Literal["uniform", "heterogeneous", "geo_clustered"] = spec("uniform")
-    bandwidth_mbps: float = spec(200.0, gt=0, le=1e9, help="link bandwidth (heterogeneous: median; geo: between regions)")
+    bandwidth_mbps: float = spec(
+        200.0, gt=0, le=1e9, help="link bandwidth (heterogeneous: median; geo: between regions)"
+    )
     latency_ms: float = spec(50.0, ge=0, le=1e7, help="one-way link latency (geo: between regions)")
     jitter_ms: float = spec(0.0, ge=0, le=1e7, help="extra per-message latency |N(0, jitter)|")
     reorder: bool = spec(False, help="links are not FIFO: a jittered message may overtake an earlier one")
@@ -152,7 +169,8 @@ class AsyncConfig:
 
     max_staleness: int = spec(0, ge=0, le=64, help="0: synchronous; else a stage computes with weights this old")
     staleness: Literal["per_stage", "fixed", "random"] = spec(
-        "per_stage", help="per_stage: min(max, S-1-s); fixed: max; random: uniform 0..max per step and worker")
+        "per_stage", help="per_stage: min(max, S-1-s); fixed: max; random: uniform 0..max per step and worker"
+    )
     lookahead: bool = spec(False, help="Nesterov-style look-ahead: extrapolate stale weights by the update EMA")
     momentum_head: float = spec(0.99, ge=0, lt=1, help="look-ahead EMA decay at stage 0")
     momentum_tail: float = spec(0.9, ge=0, lt=1, help="look-ahead EMA decay at the last stage")
@@ -197,8 +215,10 @@ class DetectorSpec(PluginSpec):
     PLUGIN_KIND: ClassVar[str] = "detectors"
     mode: Literal["closed_loop", "open_loop"] = spec("closed_loop", help="open_loop records scores, never acts")
     view: Literal["decoded", "wire"] = spec(
-        "decoded", help="what the detector reads: the decoded tensor, or the codec's compressed representation "
-        "(quantization codes, top-k values, kept mask entries, subspace coefficients; see Codec.wire_view)")
+        "decoded",
+        help="what the detector reads: the decoded tensor, or the codec's compressed representation "
+        "(quantization codes, top-k values, kept mask entries, subspace coefficients; see Codec.wire_view)",
+    )
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -206,41 +226,71 @@ class ResponseConfig:
     on_flag: Literal["drop", "substitute", "accept"] = spec("drop")
     ban_after: int = spec(1, ge=1, le=MAX_STEPS, help="strikes before a worker is banned")
     replace_banned: bool = spec(False, help="a banned worker is replaced by a fresh honest replica")
-    strike_window: int | None = spec(50, ge=1, le=MAX_STEPS, help="count strikes over the last n steps only (null: ever)")
-    rejoin_after: int | None = spec(None, ge=1, le=MAX_STEPS, help="a banned worker returns under a new id n steps later (Sybil)")
+    strike_window: int | None = spec(
+        50, ge=1, le=MAX_STEPS, help="count strikes over the last n steps only (null: ever)"
+    )
+    rejoin_after: int | None = spec(
+        None, ge=1, le=MAX_STEPS, help="a banned worker returns under a new id n steps later (Sybil)"
+    )
     attribution: Literal["route", "sender"] = spec(
-        "route", help="a flag strikes every worker on the microbatch's route up to it, or only its sender")
-    ban_pvalue: float = spec(1e-5, gt=0, le=1, help="peer test (sentinel/response.py): ban only if P(this much "
-                             "evidence | struck like the stage's other replicas) < ban_pvalue; 1 disables the test")
+        "route", help="a flag strikes every worker on the microbatch's route up to it, or only its sender"
+    )
+    ban_pvalue: float = spec(
+        1e-5,
+        gt=0,
+        le=1,
+        help="peer test (sentinel/response.py): ban only if P(this much "
+        "evidence | struck like the stage's other replicas) < ban_pvalue; 1 disables the test",
+    )
     base_fpr: float = spec(0.01, gt=0, lt=1, help="honest flag rate assumed for a stage with no peers")
     sequential_alpha: float | None = spec(
-        1e-8, gt=0, lt=1, help="sequential evidence test (sentinel/response.py): ban a worker once the CUSUM of its "
+        1e-8,
+        gt=0,
+        lt=1,
+        help="sequential evidence test (sentinel/response.py): ban a worker once the CUSUM of its "
         "messages' log e-values, from the detector's per-message p-values, exceeds ln(1 / sequential_alpha) while "
-        "most of its stage peers' stay below half of it; null: off (detectors without p-values never use it)")
+        "most of its stage peers' stay below half of it; null: off (detectors without p-values never use it)",
+    )
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class ScoringConfig:
     twins: tuple[Literal["clean", "undefended"], ...] = spec(
-        (), help="twin runs (same seed and data order): clean = no attack, same defence; undefended = attack, "
-        "no detector")
+        (),
+        help="twin runs (same seed and data order): clean = no attack, same defence; undefended = attack, no detector",
+    )
     target_fpr: float = spec(0.01, gt=0, lt=1, help="message FPR the recommended threshold must keep (ROC)")
-    confirm: bool = spec(True, help="after an open_loop run, confirm the recommended threshold with a "
-                         "closed-loop run (result folder confirm/)")
+    confirm: bool = spec(
+        True,
+        help="after an open_loop run, confirm the recommended threshold with a "
+        "closed-loop run (result folder confirm/)",
+    )
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class SweepConfig:
     grid: dict[str, Any] = dataclasses.field(default_factory=dict)
     seeds: int | tuple[int, ...] | None = spec(
-        None, ge=0, le=2**63 - 1, help="every grid point runs for every seed: N means seed..seed+N-1, or a list "
-        "of seeds (default: the scenario's seed only); `--seeds N` on the command line")
-    reference: dict[str, Any] = dataclasses.field(default_factory=dict, metadata={
-        "help": "a grid point every row is compared with (paired by seed), e.g. {transport.codec: identity}: "
-        "grid keys and one of each key's values (the other keys follow the row)"})
-    notes: dict[str, str] = dataclasses.field(default_factory=dict, metadata={
-        "help": "text shown beside each grid row in a `notes` column (e.g. a paper's reported numbers), "
-        "keyed by the row's label (its grid values, an attack list as name/role)"})
+        None,
+        ge=0,
+        le=2**63 - 1,
+        help="every grid point runs for every seed: N means seed..seed+N-1, or a list "
+        "of seeds (default: the scenario's seed only); `--seeds N` on the command line",
+    )
+    reference: dict[str, Any] = dataclasses.field(
+        default_factory=dict,
+        metadata={
+            "help": "a grid point every row is compared with (paired by seed), e.g. {transport.codec: identity}: "
+            "grid keys and one of each key's values (the other keys follow the row)"
+        },
+    )
+    notes: dict[str, str] = dataclasses.field(
+        default_factory=dict,
+        metadata={
+            "help": "text shown beside each grid row in a `notes` column (e.g. a paper's reported numbers), "
+            "keyed by the row's label (its grid values, an attack list as name/role)"
+        },
+    )
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -286,8 +336,13 @@ def _mesh_and_name(sc: Scenario) -> list[tuple[str, str]]:
     """The mesh size bound, and a name that can label a result folder and a terminal line."""
     out = []
     if sc.num_workers > MAX_WORKERS:
-        out.append(("pipeline.replicas", f"{sc.pipeline.stages} stages x {sc.pipeline.replicas} replicas = "
-                    f"{sc.num_workers:,} workers; at most {MAX_WORKERS:,}: lower pipeline.replicas or pipeline.stages"))
+        out.append(
+            (
+                "pipeline.replicas",
+                f"{sc.pipeline.stages} stages x {sc.pipeline.replicas} replicas = "
+                f"{sc.num_workers:,} workers; at most {MAX_WORKERS:,}: lower pipeline.replicas or pipeline.stages",
+            )
+        )
     if len(sc.name) > 200 or any(not ch.isprintable() for ch in sc.name):
         shown = repr(sc.name) if len(sc.name) <= 40 else f"{sc.name[:40]!r}... ({len(sc.name)} characters)"
         out.append(("name", f"{shown}: at most 200 printable characters (it names the result folder)"))
@@ -302,12 +357,22 @@ def _transport(sc: Scenario) -> list[tuple[str, str]]:
     for name in ("random_mask", "subspace"):
         if (act.name == name or grad.name == name) and act != grad:
             key = "transport.activation_codec" if t.activation_codec is not None else "transport.gradient_codec"
-            out.append((key, f"{name} must encode both roles with the same settings (the backward applies the "
-                        f"forward's {'mask' if name == 'random_mask' else 'projection'}: chain rule); "
-                        "set transport.codec and leave activation_codec / gradient_codec unset"))
+            out.append(
+                (
+                    key,
+                    f"{name} must encode both roles with the same settings (the backward applies the "
+                    f"forward's {'mask' if name == 'random_mask' else 'projection'}: chain rule); "
+                    "set transport.codec and leave activation_codec / gradient_codec unset",
+                )
+            )
     if sc.dp.compression.method != "none" and sc.dp.sync != "allreduce":
-        out.append(("dp.compression.method", f"{sc.dp.compression.method!r} compresses the all-reduce; "
-                    f"dp.sync is {sc.dp.sync!r}: set dp.sync=allreduce or dp.compression.method=none"))
+        out.append(
+            (
+                "dp.compression.method",
+                f"{sc.dp.compression.method!r} compresses the all-reduce; "
+                f"dp.sync is {sc.dp.sync!r}: set dp.sync=allreduce or dp.compression.method=none",
+            )
+        )
     return out
 
 

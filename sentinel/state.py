@@ -44,16 +44,29 @@ class StateError(SentinelError):
 
 
 # Left alone (kept as the rebuilt run has them): saved elsewhere, rebuilt by the run, or not state at all
-EXCLUDED: tuple[type, ...] = (EventLog, torch.nn.Module, torch.optim.Optimizer, types.ModuleType, type, threading.Thread,
-                              type(threading.Lock()), queue.Queue, types.FunctionType, types.MethodType,
-                              types.BuiltinFunctionType, functools.partial)
+EXCLUDED: tuple[type, ...] = (
+    EventLog,
+    torch.nn.Module,
+    torch.optim.Optimizer,
+    types.ModuleType,
+    type,
+    threading.Thread,
+    type(threading.Lock()),
+    queue.Queue,
+    types.FunctionType,
+    types.MethodType,
+    types.BuiltinFunctionType,
+    functools.partial,
+)
 
 
 def allowed_class(qualified: str) -> bool:
     module = qualified.split(":", 1)[0]
     if module.startswith(_ALLOWED_PREFIXES) or module in ("sentinel", "attacks"):
         return True
-    return any(module == getattr(REGISTRIES[k].get(n), "__module__", None) for k in REGISTRIES for n in REGISTRIES[k].names())
+    return any(
+        module == getattr(REGISTRIES[k].get(n), "__module__", None) for k in REGISTRIES for n in REGISTRIES[k].names()
+    )
 
 
 def _name(cls: type) -> str:
@@ -114,8 +127,11 @@ class _Capture:
         if isinstance(obj, (dict, types.MappingProxyType)):
             if all(isinstance(k, str) for k in obj) and KIND not in obj and type(obj) in (dict,):
                 return {k: self(v, f"{path}.{k}") for k, v in obj.items()}
-            return {KIND: "dict", "proxy": isinstance(obj, types.MappingProxyType),
-                    "items": [(self(k, path), self(v, f"{path}[{k!r}]")) for k, v in obj.items()]}
+            return {
+                KIND: "dict",
+                "proxy": isinstance(obj, types.MappingProxyType),
+                "items": [(self(k, path), self(v, f"{path}[{k!r}]")) for k, v in obj.items()],
+            }
         return self._object(obj, path)
 
     def _object(self, obj: Any, path: str) -> dict:
@@ -133,8 +149,10 @@ class _Capture:
         if not names and not dataclasses.is_dataclass(obj):
             raise StateError(f"{path}: a {cls.__module__}.{cls.__qualname__} cannot be checkpointed")
         if not allowed_class(_name(cls)):
-            raise StateError(f"{path}: {cls.__module__}.{cls.__qualname__} is not a sentinel, attack or plug-in "
-                             "class; give it state_dict() / load_state_dict()")
+            raise StateError(
+                f"{path}: {cls.__module__}.{cls.__qualname__} is not a sentinel, attack or plug-in "
+                "class; give it state_dict() / load_state_dict()"
+            )
         self.memo[id(obj)] = len(self.memo)
         attrs = {n: self(getattr(obj, n), f"{path}.{n}") for n in dict.fromkeys(names) if hasattr(obj, n)}
         return {KIND: "obj", "cls": _name(cls), "id": self.memo[id(obj)], "attrs": attrs}
@@ -185,8 +203,11 @@ class _Restore:
         return np.dtype(tree["dtype"]).type(tree["value"])
 
     def _nprng(self, existing, tree):
-        rng = existing if isinstance(existing, np.random.Generator) else np.random.Generator(
-            getattr(np.random, tree["bitgen"])())
+        rng = (
+            existing
+            if isinstance(existing, np.random.Generator)
+            else np.random.Generator(getattr(np.random, tree["bitgen"])())
+        )
         rng.bit_generator.state = tree["state"]
         return rng
 

@@ -32,8 +32,13 @@ from sentinel.scenario import cross_check  # noqa: E402
 def _wire_view(sc) -> list[tuple[str, str]]:
     """A recomputing detector compares with the decoded recomputation: it needs the decoded view."""
     if sc.detector.view == "wire" and issubclass(DETECTORS.get(sc.detector.name), Duplication):
-        return [("detector.view", f"{sc.detector.name} compares a message with its trusted recomputation, which "
-                 "is a decoded tensor: use view: decoded")]
+        return [
+            (
+                "detector.view",
+                f"{sc.detector.name} compares a message with its trusted recomputation, which "
+                "is a decoded tensor: use view: decoded",
+            )
+        ]
     return []
 
 

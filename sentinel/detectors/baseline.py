@@ -137,8 +137,9 @@ class SenderMedianBaseline:
     def comparable(self, sig: np.ndarray) -> bool:
         return self.pooled.comparable(sig)
 
-    def update(self, sig: np.ndarray, layout: Layout, payload: torch.Tensor | None = None,
-               sender: str = "", step: int = 0) -> None:
+    def update(
+        self, sig: np.ndarray, layout: Layout, payload: torch.Tensor | None = None, sender: str = "", step: int = 0
+    ) -> None:
         if not self.pooled.comparable(sig):  # first message, or a new shape: start afresh
             self.senders, self.last = {}, {}
         self.pooled.update(sig, layout, payload)

@@ -101,8 +101,9 @@ class TailCalibrator:
         from sentinel.detectors import kernels
 
         t, p = np.empty(len(self.names)), np.empty(len(self.names))
-        p_all, p_sub = kernels.calibrate(self._sorted, self.count, Q0, self.floor, MAX_SHAPE, self.log,
-                                         np.asarray(values, dtype=float), subset, t, p)
+        p_all, p_sub = kernels.calibrate(
+            self._sorted, self.count, Q0, self.floor, MAX_SHAPE, self.log, np.asarray(values, dtype=float), subset, t, p
+        )
         return t, p_all, p_sub
 
     def push_capped(self, t: np.ndarray) -> None:

@@ -103,8 +103,15 @@ class Projections:
         return self._index[n]
 
 
-def signature(x: torch.Tensor, proj: Projections, pooling: str, max_tokens: int | None = None,
-              offset: int = 0, token_clip: float | None = None, norms: np.ndarray | None = None) -> np.ndarray:
+def signature(
+    x: torch.Tensor,
+    proj: Projections,
+    pooling: str,
+    max_tokens: int | None = None,
+    offset: int = 0,
+    token_clip: float | None = None,
+    norms: np.ndarray | None = None,
+) -> np.ndarray:
     """Flat float64 signature of one payload of shape (..., C); pure, vectorised, no loop over data in Python.
 
     Computed on the CPU (the verifier is a CPU relay; a GPU payload is copied over once) in reused
@@ -193,9 +200,20 @@ def distances(sig: np.ndarray, base, names: tuple[str, ...]) -> np.ndarray:
 
     L = base.layout
     out = np.empty(len(DISTANCES))
-    kernels.all_distances(sig, (L.pooled.start, L.pooled.stop), (L.skew.start, L.skew.stop),
-                          (L.quant.start, L.quant.stop), base.pooled, base.pooled_sign, base.skew, base.skew_norm,
-                          base.quant, base.inv_rms, base.inv_var, out)
+    kernels.all_distances(
+        sig,
+        (L.pooled.start, L.pooled.stop),
+        (L.skew.start, L.skew.stop),
+        (L.quant.start, L.quant.stop),
+        base.pooled,
+        base.pooled_sign,
+        base.skew,
+        base.skew_norm,
+        base.quant,
+        base.inv_rms,
+        base.inv_var,
+        out,
+    )
     if names == DISTANCES:
         return out
     return out[[_INDEX[name] for name in names]]  # names are validated by the detector's Config

@@ -103,8 +103,9 @@ def skewness(x, out):  # pragma: no cover - compiled
 
 
 @numba.njit(cache=True, nogil=True)
-def all_distances(sig, pooled, skew, quant, base_pooled, base_sign, base_skew, skew_norm, base_quant, inv_rms,
-                  inv_var, out):  # pragma: no cover - compiled
+def all_distances(
+    sig, pooled, skew, quant, base_pooled, base_sign, base_skew, skew_norm, base_quant, inv_rms, inv_var, out
+):  # pragma: no cover - compiled
     """Every distance of `distances.DISTANCES`, in that order, between a signature (its pooled, skew and
     quant parts: (start, stop) pairs into `sig`) and a baseline view, in one pass (see `distances.py` for
     the definitions). Sums run in order (numpy sums pairwise): the values agree to rounding."""
@@ -141,7 +142,6 @@ def all_distances(sig, pooled, skew, quant, base_pooled, base_sign, base_skew, s
     out[4] = np.sqrt(z / n)
     den = np.sqrt(ss) * skew_norm
     out[5] = 1.0 - sb / (1e-30 if den < 1e-30 else den)
-
 
 
 @numba.njit(cache=True, nogil=True, fastmath=True)

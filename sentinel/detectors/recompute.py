@@ -82,8 +82,7 @@ class Duplication(Detector):
     @classmethod
     def threshold_rule(cls, config) -> dict:
         """Flag <=> recompute_error > tol; the checker keeps no state, so every threshold is exact."""
-        return {"key": "tol", "statistic": "recompute_error", "value": config.tol, "warmup_steps": 0,
-                "exact_from": 0.0}
+        return {"key": "tol", "statistic": "recompute_error", "value": config.tol, "warmup_steps": 0, "exact_from": 0.0}
 
     def substitute(self, msg: Message) -> torch.Tensor | None:
         if self._last is None or self._last[0] != msg.msg_id:

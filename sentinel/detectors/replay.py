@@ -84,8 +84,9 @@ class SparseReplayMemory:
     in the stream, the horizon is about slots / (q m) steps (160 steps at q = 0.05, m = 4, 32 slots).
     """
 
-    def __init__(self, seed: int, slots: int = 32, min_matches: int = 3, min_zeros: int = 24,
-                 max_positions: int = 1 << 16):
+    def __init__(
+        self, seed: int, slots: int = 32, min_matches: int = 3, min_zeros: int = 24, max_positions: int = 1 << 16
+    ):
         self.seed, self.slots, self.min_matches, self.min_zeros = seed, slots, min_matches, min_zeros
         self.max_positions = max_positions
         self._probe: dict[int, np.ndarray] = {}

@@ -83,8 +83,13 @@ class _ScalarDetector(Detector):
     def threshold_rule(cls, config) -> dict:
         """Flag <=> statistic > threshold. A flag teaches nothing and restarts the accumulation, so the
         state depends on the threshold: an open-loop curve is exact at the configured value only."""
-        return {"key": "threshold", "statistic": "statistic", "value": config.threshold,
-                "warmup_steps": config.warmup_steps, "exact_from": None}
+        return {
+            "key": "threshold",
+            "statistic": "statistic",
+            "value": config.threshold,
+            "warmup_steps": config.warmup_steps,
+            "exact_from": None,
+        }
 
     def statistic(self, z: float, acc: list[float]) -> float:
         raise NotImplementedError
@@ -97,8 +102,11 @@ class _ScalarDetector(Detector):
             return {}, False, ew, f
         z = ew.z(f)
         fresh = [0.0] * self.ACC
-        acc = self._acc.setdefault((*key, msg.sender), fresh) if commit else list(
-            self._acc.get((*key, msg.sender), fresh))
+        acc = (
+            self._acc.setdefault((*key, msg.sender), fresh)
+            if commit
+            else list(self._acc.get((*key, msg.sender), fresh))
+        )
         stat = self.statistic(z, acc)
         judging = msg.step >= self.config.warmup_steps and ew.n >= self.config.min_history
         flagged = judging and not stat <= self.config.threshold  # NaN counts as an alarm
@@ -117,8 +125,10 @@ class _ScalarDetector(Detector):
         return self._judge(probe, commit=False)[0]
 
     def public_state(self) -> dict:
-        return {"config": dataclasses.asdict(self.config),
-                "streams": {f"{r}/{b}": {"updates": e.n} for (b, r), e in sorted(self._ewma.items())}}
+        return {
+            "config": dataclasses.asdict(self.config),
+            "streams": {f"{r}/{b}": {"updates": e.n} for (b, r), e in sorted(self._ewma.items())},
+        }
 
 
 @DETECTORS.register("norm_zscore")

@@ -35,6 +35,7 @@ see token permutations, sequence and microbatch exchanges and few-token edits th
 The fence rules' history: `any` beat `vote` and `weighted`; k = 4, k_learn = 2.5, log fences for magnitudes
 and token clipping (issue-4 and issue-6 notes).
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -70,8 +71,17 @@ from sentinel.errors import ConfigError
 from sentinel.registry import DETECTORS
 from sentinel.transport.message import Message, Role
 
-DistanceName = Literal["l1", "l2_normalized", "sign_flip_ratio", "sliced_wasserstein", "z_mean", "skewness",
-                       "token_norm", "align", "align_tail"]
+DistanceName = Literal[
+    "l1",
+    "l2_normalized",
+    "sign_flip_ratio",
+    "sliced_wasserstein",
+    "z_mean",
+    "skewness",
+    "token_norm",
+    "align",
+    "align_tail",
+]
 # The default: every pooled distance and the relation statistics. token_norm (max / median token norm) is left out:
 # honest gradients of the last stage grow single huge tokens as the model learns (max / median from ~3 to 20-570
 # on byte-level text within 50 steps), faster than any window follows; the relation's tail sees a few tampered tokens.
@@ -98,44 +108,77 @@ class Sentinel(Detector):
         beta_act: float = spec(0.9, ge=0, lt=1, help="EMA decay of forward (activation) baselines")
         beta_grad: float = spec(0.8, ge=0, lt=1, help="EMA decay of backward (gradient) baselines")
         baseline: Literal["pooled", "sender_median"] = spec(
-            "pooled", help="a single EMA of the stream (the paper's), or one EMA per sender combined by the "
-            "coordinate-wise median (robust to a malicious minority, but laggier: measured worse, see the note)")
+            "pooled",
+            help="a single EMA of the stream (the paper's), or one EMA per sender combined by the "
+            "coordinate-wise median (robust to a malicious minority, but laggier: measured worse, see the note)",
+        )
         pooling: Literal["token_mean", "full"] = spec(
-            "token_mean", help="pooled vector: per-feature mean over tokens, or the whole tensor")
+            "token_mean", help="pooled vector: per-feature mean over tokens, or the whole tensor"
+        )
         distances: tuple[DistanceName, ...] = spec(
-            STATISTICS, help="statistics judged: the pooled distances to the baseline and the token-level ones "
-            "(tokens.py: align and align_tail where the sender's input is known; token_norm on request)")
+            STATISTICS,
+            help="statistics judged: the pooled distances to the baseline and the token-level ones "
+            "(tokens.py: align and align_tail where the sender's input is known; token_norm on request)",
+        )
         num_projections: int = spec(32, ge=1, le=1024, help="sliced Wasserstein: random directions")
         num_quantiles: int = spec(32, ge=2, le=1024, help="sliced Wasserstein: quantile levels per direction")
-        max_tokens: int | None = spec(128, ge=8, help="tokens the higher moments and slices use (every s-th from a "
-                                      "random offset); null: all. The pooled mean always uses all")
-        window: int = spec(200, ge=8, help="accepted values per statistic the tail probabilities (or fences) are "
-                           "computed over (200: ~40 above the 80th percentile to fit the tail; 100 and 50 gave 1.6x and "
-                           "3x the honest flag rate on byte-level text)")
+        max_tokens: int | None = spec(
+            128,
+            ge=8,
+            help="tokens the higher moments and slices use (every s-th from a "
+            "random offset); null: all. The pooled mean always uses all",
+        )
+        window: int = spec(
+            200,
+            ge=8,
+            help="accepted values per statistic the tail probabilities (or fences) are "
+            "computed over (200: ~40 above the 80th percentile to fit the tail; 100 and 50 gave 1.6x and "
+            "3x the honest flag rate on byte-level text)",
+        )
         k: float = spec(4.0, gt=0, help="outer Tukey fence: flag above Q3 + k * IQR")
-        k_learn: float = spec(2.5, ge=0, help="inner Tukey fence: only messages below Q3 + k_learn * IQR teach the "
-                              "baseline (between the fences: accepted, not learned)")
+        k_learn: float = spec(
+            2.5,
+            ge=0,
+            help="inner Tukey fence: only messages below Q3 + k_learn * IQR teach the "
+            "baseline (between the fences: accepted, not learned)",
+        )
         warmup_steps: int = spec(10, ge=0, help="steps during which the detector only learns")
         min_history: int = spec(16, ge=4, help="accepted messages a stream needs before it flags")
         combine: Literal["calibrated", "any", "vote", "weighted"] = spec(
-            "calibrated", help="calibrated: per-statistic tail probabilities (calibration.py) combined by Bonferroni, "
-            "flag when -log10 p > level; any / vote / weighted: Tukey fences at k (the paper's rule and variants)")
-        level: float = spec(3.0, gt=0, help="calibrated: flag a message whose combined tail probability is below "
-                            "10^-level (the per-message false-alarm probability the rule aims at: 1e-3)")
-        learn_level: float = spec(3.0, ge=0, help="calibrated: only messages with -log10 p <= learn_level teach the "
-                                  "baseline and the windows (between the levels: accepted, not learned); a flagged "
-                                  "message teaches the windows its values capped at the flag level, never the baseline")
+            "calibrated",
+            help="calibrated: per-statistic tail probabilities (calibration.py) combined by Bonferroni, "
+            "flag when -log10 p > level; any / vote / weighted: Tukey fences at k (the paper's rule and variants)",
+        )
+        level: float = spec(
+            3.0,
+            gt=0,
+            help="calibrated: flag a message whose combined tail probability is below "
+            "10^-level (the per-message false-alarm probability the rule aims at: 1e-3)",
+        )
+        learn_level: float = spec(
+            3.0,
+            ge=0,
+            help="calibrated: only messages with -log10 p <= learn_level teach the "
+            "baseline and the windows (between the levels: accepted, not learned); a flagged "
+            "message teaches the windows its values capped at the flag level, never the baseline",
+        )
         vote_m: int = spec(2, ge=1, help="combine=vote: distances that must exceed their fence")
         weights: tuple[float, ...] = spec((), help="combine=weighted: one weight per distance (default: equal)")
         fence_scale: Literal["linear", "log", "auto"] = spec(
-            "auto", help="fences on the distances themselves, on their logarithms (multiplicative fences), or "
-            "auto: log for the magnitudes (l1, l2_normalized, sliced_wasserstein, z_mean), linear for the bounded ones")
+            "auto",
+            help="fences on the distances themselves, on their logarithms (multiplicative fences), or "
+            "auto: log for the magnitudes (l1, l2_normalized, sliced_wasserstein, z_mean), linear for the bounded ones",
+        )
         token_clip: float | None = spec(
-            10.0, gt=1, help="winsorise tokens longer than token_clip x the message's median token norm before the "
-            "signature (robust to a few huge tokens, e.g. under random masking); null: off")
+            10.0,
+            gt=1,
+            help="winsorise tokens longer than token_clip x the message's median token norm before the "
+            "signature (robust to a few huge tokens, e.g. under random masking); null: off",
+        )
         replay_memory: int = spec(1000, ge=0, help="steps an exact replay of a relayed tensor is recognised; 0: off")
         consensus_horizon: int = spec(
-            5, ge=0, help="steps a sender's latest statistic counts for honest-majority drift detection; 0: off")
+            5, ge=0, help="steps a sender's latest statistic counts for honest-majority drift detection; 0: off"
+        )
 
     @classmethod
     def check_config(cls, cfg) -> list[tuple[str, str]]:
@@ -146,8 +189,13 @@ class Sentinel(Detector):
         elif len(set(cfg.distances)) != len(cfg.distances):
             out.append(("distances", f"lists a distance twice: {list(cfg.distances)}"))
         if cfg.weights and len(cfg.weights) != len(cfg.distances):
-            out.append(("weights", f"{len(cfg.weights)} weights for {len(cfg.distances)} distances: give one per "
-                        "distance, in the same order, or none"))
+            out.append(
+                (
+                    "weights",
+                    f"{len(cfg.weights)} weights for {len(cfg.distances)} distances: give one per "
+                    "distance, in the same order, or none",
+                )
+            )
         if cfg.weights and (min(cfg.weights) < 0 or sum(cfg.weights) <= 0):
             out.append(("weights", "must be >= 0 with a positive sum"))
         if cfg.combine == "vote" and cfg.vote_m > len(cfg.distances):
@@ -155,8 +203,12 @@ class Sentinel(Detector):
         if cfg.k_learn > cfg.k:
             out.append(("k_learn", f"the inner fence ({cfg.k_learn}) must not exceed the outer one (k = {cfg.k})"))
         if cfg.learn_level > cfg.level:
-            out.append(("learn_level", f"the learning level ({cfg.learn_level}) must not exceed the flag level "
-                        f"(level = {cfg.level})"))
+            out.append(
+                (
+                    "learn_level",
+                    f"the learning level ({cfg.learn_level}) must not exceed the flag level (level = {cfg.level})",
+                )
+            )
         return out
 
     def __init__(self, config: Config | None = None, *, seed: int = 0, env=None):
@@ -197,8 +249,9 @@ class Sentinel(Detector):
 
     def _signature(self, payload: torch.Tensor, offset: int):
         proj = self._projections(payload.shape[-1])
-        sig = signature(payload, proj, self.config.pooling, self.config.max_tokens, offset, self.config.token_clip,
-                        self._norms)
+        sig = signature(
+            payload, proj, self.config.pooling, self.config.max_tokens, offset, self.config.token_clip, self._norms
+        )
         return sig, layout(tuple(payload.shape), proj, self.config.pooling)
 
     def _learn(self, st: Stream, sig: np.ndarray, lay, msg: Message) -> None:
@@ -255,8 +308,13 @@ class Sentinel(Detector):
         the learning level teach the detector, so its state, and an open-loop run's verdict for any threshold
         at or above it, do not depend on the threshold."""
         key, statistic, value, learn = cls._rule(config)
-        return {"key": key, "statistic": statistic, "value": value, "warmup_steps": config.warmup_steps,
-                "exact_from": learn}
+        return {
+            "key": key,
+            "statistic": statistic,
+            "value": value,
+            "warmup_steps": config.warmup_steps,
+            "exact_from": learn,
+        }
 
     @staticmethod
     def _rule(config) -> tuple[str, str, float, float]:
@@ -312,7 +370,9 @@ class Sentinel(Detector):
         if not np.isfinite(np.add.reduce(sig)):
             return Verdict({}, True, frozenset({Marker.INTEGRITY}))
         if st.replays is not None and st.replays.seen_before((tuple(msg.payload.shape), sig[:64].tobytes()), msg.step):
-            return Verdict({}, True, frozenset({Marker.REPLAY}))  # the pooled mean uses every token: equal only for a replay
+            return Verdict(
+                {}, True, frozenset({Marker.REPLAY})
+            )  # the pooled mean uses every token: equal only for a replay
         if not self._comparable(st, sig) or st.fences is None:  # first message (the Verifier rejects odd shapes)
             return self._first(st, sig, lay, msg, offset)
         values = self._values(st, sig, msg.payload, reference_of(self.env, msg), offset)
@@ -360,9 +420,19 @@ class Sentinel(Detector):
         if last is None or msg.step - last >= FLAG_MEMORY:
             st.fences.push_capped(t)
 
-    def _accept(self, st: Stream, sig: np.ndarray, lay, msg: Message, values: np.ndarray, d: dict,
-                t: np.ndarray, marks: frozenset = frozenset(), p: float | None = None,
-                p_rel: float | None = None) -> Verdict:
+    def _accept(
+        self,
+        st: Stream,
+        sig: np.ndarray,
+        lay,
+        msg: Message,
+        values: np.ndarray,
+        d: dict,
+        t: np.ndarray,
+        marks: frozenset = frozenset(),
+        p: float | None = None,
+        p_rel: float | None = None,
+    ) -> Verdict:
         """Accept and learn: the baseline and the fences take the message in (`t`: the values on the fences'
         scale; a message missing a statistic teaches the baseline but not the fences)."""
         if np.isfinite(values).all():
@@ -378,7 +448,7 @@ class Sentinel(Detector):
         if st is None or st.fences is None or st.fences.count < self.config.min_history:
             return {}
         if self.config.combine == "calibrated":  # each statistic's value at the Bonferroni share of the level
-            out = dict(zip(st.names, st.fences.level(10 ** -self.config.level / len(st.names)).tolist()))
+            out = dict(zip(st.names, st.fences.level(10**-self.config.level / len(st.names)).tolist()))
             out["evidence"] = self.config.level
             return out
         out = st.fences.thresholds() if self.config.combine == "any" else {}
@@ -400,7 +470,9 @@ class Sentinel(Detector):
             if st.fences is None:
                 continue
             streams[f"{Role(r).label}/{b}"] = {
-                "thresholds": self.thresholds(b, r), "window_fill": st.fences.count,
-                "baseline": st.baseline.summary(), "flags": st.flags,
+                "thresholds": self.thresholds(b, r),
+                "window_fill": st.fences.count,
+                "baseline": st.baseline.summary(),
+                "flags": st.flags,
             }
         return {"config": dataclasses.asdict(self.config), "streams": streams}

@@ -55,8 +55,16 @@ REPLAYED = Verdict({}, True, frozenset({Marker.REPLAY}))
 class Verifier:
     """Integrity and replay checks around one boundary's detector."""
 
-    def __init__(self, detector: Detector, *, mode: str = "closed_loop", payload_shape: tuple[int, ...] | None = None,
-                 seed: int = 0, view: str = "decoded", masked_roles: frozenset = frozenset()):
+    def __init__(
+        self,
+        detector: Detector,
+        *,
+        mode: str = "closed_loop",
+        payload_shape: tuple[int, ...] | None = None,
+        seed: int = 0,
+        view: str = "decoded",
+        masked_roles: frozenset = frozenset(),
+    ):
         self.detector, self.mode, self.payload_shape, self.view = detector, mode, payload_shape, view
         self.replays = ReplayMemory()
         self.sparse_replays = SparseReplayMemory(seed)
@@ -172,34 +180,48 @@ def make_env(scenario, mesh: MeshControl | None = None, recompute=None, inputs=N
     """The detector's view: public facts of the scenario, who is live (from `mesh`), the trusted recomputation,
     and what the sender of the message being judged received (`inputs`, an `InFlight`)."""
     substitutes = scenario.detector.mode == "closed_loop" and scenario.response.on_flag == "substitute"
-    return DetectorEnv(num_stages=scenario.pipeline.stages, payload_shape=payload_shape(scenario),
-                       recompute=recompute, live_replicas=mesh.live_in_stage if mesh is not None else None,
-                       substitutes=substitutes, sender_inputs=inputs)
+    return DetectorEnv(
+        num_stages=scenario.pipeline.stages,
+        payload_shape=payload_shape(scenario),
+        recompute=recompute,
+        live_replicas=mesh.live_in_stage if mesh is not None else None,
+        substitutes=substitutes,
+        sender_inputs=inputs,
+    )
 
 
-def build_verifiers(scenario, mesh: MeshControl | None, recompute=None, inputs=None,
-                    boundaries=None) -> dict[int, Verifier]:
+def build_verifiers(
+    scenario, mesh: MeshControl | None, recompute=None, inputs=None, boundaries=None
+) -> dict[int, Verifier]:
     """One Verifier (with its own detector instance) per boundary: all of them, or those in `boundaries`."""
     spec = scenario.detector
     cls = DETECTORS.get(spec.name)
     masked = frozenset(role for role, codec in build_codecs(scenario.transport).items() if codec.random_positions)
     out = {}
-    for b in (range(scenario.pipeline.stages - 1) if boundaries is None else boundaries):
+    for b in range(scenario.pipeline.stages - 1) if boundaries is None else boundaries:
         detector = cls(spec.config, seed=scenario.seed, env=make_env(scenario, mesh, recompute, inputs))
-        out[b] = Verifier(detector, mode=spec.mode, payload_shape=payload_shape(scenario), seed=scenario.seed,
-                          view=spec.view, masked_roles=masked)
+        out[b] = Verifier(
+            detector,
+            mode=spec.mode,
+            payload_shape=payload_shape(scenario),
+            seed=scenario.seed,
+            view=spec.view,
+            masked_roles=masked,
+        )
     return out
 
 
-def build_defence(scenario, mesh: MeshControl | None, recompute=None,
-                  inputs=None) -> tuple[dict[int, Verifier], Responder | None]:
+def build_defence(
+    scenario, mesh: MeshControl | None, recompute=None, inputs=None
+) -> tuple[dict[int, Verifier], Responder | None]:
     """(verifier per boundary, Responder) for the scenario's `detector` and `response` sections; ({}, None) when the
     detector is `none`. `mesh` is the response policy's MeshControl; `recompute` the backend's trusted
     recomputation, if any; `inputs` what the sender of the message being judged received (an `InFlight`)."""
     if scenario.detector.name == "none":
         return {}, None
-    return build_verifiers(scenario, mesh, recompute, inputs), Responder(scenario.response, mesh,
-                                                                         mode=scenario.detector.mode)
+    return build_verifiers(scenario, mesh, recompute, inputs), Responder(
+        scenario.response, mesh, mode=scenario.detector.mode
+    )
 
 
 def detector_view(verifiers: Mapping[int, Verifier]) -> DetectorView:

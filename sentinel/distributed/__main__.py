@@ -30,15 +30,24 @@ def make_parser() -> argparse.ArgumentParser:
     p.add_argument("scenario")
     p.add_argument("--out", required=True, help="result folder (on rank 0's host; every rank must see the same path)")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
-    p.add_argument("--timeout", type=float, default=60.0, help="seconds one message may take before its sender "
-                   "counts as stalled (default 60)")
+    p.add_argument(
+        "--timeout",
+        type=float,
+        default=60.0,
+        help="seconds one message may take before its sender counts as stalled (default 60)",
+    )
     p.add_argument("--checkpoint-every", type=int, default=0, metavar="N", help="checkpoint every N steps")
     p.add_argument("--resume", metavar="DIR", help="resume from a checkpoint (a run folder or a checkpoint folder)")
     p.add_argument("--fault", action="append", default=[], metavar="KIND:WORKER:STEP", help="inject a fault")
     p.add_argument("--device", choices=["cpu", "cuda", "auto"], default="cpu")
     p.add_argument("--backend", choices=["auto", "gloo", "nccl"], default="auto")
-    p.add_argument("--verifiers", type=int, default=None, metavar="V",
-                   help="verifier processes (default: one per stage boundary, as --nproc allows)")
+    p.add_argument(
+        "--verifiers",
+        type=int,
+        default=None,
+        metavar="V",
+        help="verifier processes (default: one per stage boundary, as --nproc allows)",
+    )
     p.add_argument("--quiet", action="store_true")
     return p
 
@@ -47,8 +56,15 @@ def options_from(args: argparse.Namespace) -> Options:
     if args.timeout <= 0 or args.checkpoint_every < 0:
         raise ConfigError("--timeout must be > 0 and --checkpoint-every >= 0")
     parse_faults(args.fault)
-    return Options(timeout_s=args.timeout, checkpoint_every=args.checkpoint_every, resume=args.resume,
-                   faults=tuple(args.fault), device=args.device, backend=args.backend, verifiers=args.verifiers)
+    return Options(
+        timeout_s=args.timeout,
+        checkpoint_every=args.checkpoint_every,
+        resume=args.resume,
+        faults=tuple(args.fault),
+        device=args.device,
+        backend=args.backend,
+        verifiers=args.verifiers,
+    )
 
 
 def _rank0(args: argparse.Namespace, rt: Runtime, top: Path) -> None:
@@ -59,12 +75,14 @@ def _rank0(args: argparse.Namespace, rt: Runtime, top: Path) -> None:
         if not args.quiet:
             for rank, what in rt_map(sc, rt):
                 print(f"[dist] rank {rank}: {what}", flush=True)
-        summary = runner.run(sc, top, progress=False if args.quiet else None, backend="dist",
-                             trainer=trainer(rt, top))
+        summary = runner.run(sc, top, progress=False if args.quiet else None, backend="dist", trainer=trainer(rt, top))
         t = summary["training"]
         if os.environ.get("SENTINEL_DIST_LAUNCHED") != "1":  # `sentinel run` prints this line itself
-            print(f"{sc.name}: val loss {t['initial_val_loss']:.4f} -> {t['final_val_loss']:.4f} "
-                  f"in {summary['cost']['wall_s']:.1f} s; results in {top}", flush=True)
+            print(
+                f"{sc.name}: val loss {t['initial_val_loss']:.4f} -> {t['final_val_loss']:.4f} "
+                f"in {summary['cost']['wall_s']:.1f} s; results in {top}",
+                flush=True,
+            )
     finally:
         if not rt.in_job:  # between jobs the workers wait for an announcement: tell them there is no more
             rt.announce(None)

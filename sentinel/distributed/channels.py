@@ -85,18 +85,40 @@ class StepEnd:
 
 
 def dataclass_dict(ev: MeshEvent) -> dict:
-    return {"kind": ev.kind, "step": ev.step, "worker": ev.worker, "stage": ev.stage,
-            "replaced_by": ev.replaced_by, "rejoin_of": ev.rejoin_of}
+    return {
+        "kind": ev.kind,
+        "step": ev.step,
+        "worker": ev.worker,
+        "stage": ev.stage,
+        "replaced_by": ev.replaced_by,
+        "rejoin_of": ev.rejoin_of,
+    }
 
 
 def _key(msg: Message) -> tuple:
-    return (msg.step, msg.mb_idx, 0 if msg.role == Role.ACTIVATION else 1,
-            msg.boundary if msg.role == Role.ACTIVATION else -msg.boundary)
+    return (
+        msg.step,
+        msg.mb_idx,
+        0 if msg.role == Role.ACTIVATION else 1,
+        msg.boundary if msg.role == Role.ACTIVATION else -msg.boundary,
+    )
 
 
 def _record_to_json(msg: Message, v: Verdict) -> list:
-    return [msg.step, msg.mb_idx, msg.boundary, int(msg.role), msg.sender, msg.receiver, msg.msg_id,
-            dict(v.scores), bool(v.flagged), sorted(m.value for m in v.markers), v.pvalue, v.relation_pvalue]
+    return [
+        msg.step,
+        msg.mb_idx,
+        msg.boundary,
+        int(msg.role),
+        msg.sender,
+        msg.receiver,
+        msg.msg_id,
+        dict(v.scores),
+        bool(v.flagged),
+        sorted(m.value for m in v.markers),
+        v.pvalue,
+        v.relation_pvalue,
+    ]
 
 
 def _record_from_json(r: list) -> tuple[Message, Verdict]:
@@ -109,8 +131,16 @@ def _record_from_json(r: list) -> tuple[Message, Verdict]:
 class WorkerChannel:
     """A worker rank's end of the channel (see the module docstring)."""
 
-    def __init__(self, program: StepProgram, comm: Comm, rank_map: RankMap, sender: Sender, faults: FaultInjector,
-                 step_end: StepEnd, share_weights: bool = False):
+    def __init__(
+        self,
+        program: StepProgram,
+        comm: Comm,
+        rank_map: RankMap,
+        sender: Sender,
+        faults: FaultInjector,
+        step_end: StepEnd,
+        share_weights: bool = False,
+    ):
         self.program, self.comm, self.rank_map, self.sender = program, comm, rank_map, sender
         self.faults, self.step_end, self.share_weights = faults, step_end, share_weights
         self.stage = rank_map.stage_of_rank(comm.rank)
@@ -129,8 +159,9 @@ class WorkerChannel:
                     data = self.comm.recv((n,), torch.uint8, v, "the verifiers' published state")
                     self.program.published.load(data.numpy().tobytes())
         if self.share_weights:  # a recomputing detector: the verifiers on both sides get this step's weights
-            verifiers = sorted({self.rank_map.verifier_of[b] for b in (self.stage - 1, self.stage)
-                                if b in self.rank_map.verifier_of})
+            verifiers = sorted(
+                {self.rank_map.verifier_of[b] for b in (self.stage - 1, self.stage) if b in self.rank_map.verifier_of}
+            )
             for v in verifiers:
                 for i, rep in sorted(program.replicas.items()):
                     if program.workers.live[i]:
@@ -145,8 +176,9 @@ class WorkerChannel:
         if extra:
             body = torch.cat([body, torch.zeros(extra, dtype=torch.uint8)])
         ids = self.program.workers.ids
-        head = W.message_header(sent, ids.index(sent.sender), ids.index(sent.receiver), manifest_len,
-                                body.numel() - manifest_len)
+        head = W.message_header(
+            sent, ids.index(sent.sender), ids.index(sent.receiver), manifest_len, body.numel() - manifest_len
+        )
         self.comm.send_frame(self.rank_map.verifier_of[msg.boundary], head, body)
 
     def skip(self, role: Role, boundary: int, mb: int, step: int) -> None:
@@ -160,11 +192,19 @@ class WorkerChannel:
         while key not in self.inbox:
             boundary = stage - 1 if role == Role.ACTIVATION else stage
             v = self.rank_map.verifier_of[boundary]
-            src, h, body = self.frames.get(lambda v=v: (f"the {role.label} input of step {self.st.step} mb {mb} "
-                                                        f"(stage {stage}) from {self.rank_map.describe(v)}", [v]))
+            src, h, body = self.frames.get(
+                lambda v=v: (
+                    f"the {role.label} input of step {self.st.step} mb {mb} "
+                    f"(stage {stage}) from {self.rank_map.describe(v)}",
+                    [v],
+                )
+            )
             if h[1] != W.DELIVER or h[2] != self.st.step:
-                raise PeerFault(src, f"{self.rank_map.describe(src)} sent an unexpected frame {h[:8]} to rank "
-                                     f"{self.comm.rank} in step {self.st.step}")
+                raise PeerFault(
+                    src,
+                    f"{self.rank_map.describe(src)} sent an unexpected frame {h[:8]} to rank "
+                    f"{self.comm.rank} in step {self.st.step}",
+                )
             self.inbox[(h[5], h[4], h[3])] = DROPPED if h[6] else body.to(self.program.device)
         return self.inbox.pop(key)
 
@@ -189,8 +229,19 @@ def end_frames(comm: Comm, frames: Frames) -> None:
 class VerifierChannel:
     """A verifier rank: relays every message of its boundaries, one step at a time (see the module docstring)."""
 
-    def __init__(self, program: StepProgram, comm: Comm, rank_map: RankMap, relay: Relay, step_end: StepEnd,
-                 responder=None, mesh=None, wants_inputs: bool = False, recompute=None, publish: bool = False):
+    def __init__(
+        self,
+        program: StepProgram,
+        comm: Comm,
+        rank_map: RankMap,
+        relay: Relay,
+        step_end: StepEnd,
+        responder=None,
+        mesh=None,
+        wants_inputs: bool = False,
+        recompute=None,
+        publish: bool = False,
+    ):
         self.program, self.comm, self.rank_map, self.relay = program, comm, rank_map, relay
         self.step_end, self.responder, self.mesh, self.wants_inputs = step_end, responder, mesh, wants_inputs
         self.recompute, self.publish = recompute, publish
@@ -293,11 +344,16 @@ class VerifierChannel:
             self.status[(target, role, mb)] = (bool(h[6]), body)
             return
         if h[1] not in (W.MSG, W.SKIP) or h[4] not in self.mine:
-            raise PeerFault(src, f"{self.rank_map.describe(src)} sent frame {h[:8]} to {self.rank_map.describe(self.comm.rank)}")
+            raise PeerFault(
+                src, f"{self.rank_map.describe(src)} sent frame {h[:8]} to {self.rank_map.describe(self.comm.rank)}"
+            )
         b, role, mb = h[4], h[5], h[3]
         sender_stage = b if role == Role.ACTIVATION else b + 1
-        if not 0 <= mb < self.M or self.rank_map.host[self.ids[int(self.plan[mb, sender_stage])]] != src \
-                or (b, role, mb) in self.inbox:
+        if (
+            not 0 <= mb < self.M
+            or self.rank_map.host[self.ids[int(self.plan[mb, sender_stage])]] != src
+            or (b, role, mb) in self.inbox
+        ):
             raise PeerFault(src, f"{self.rank_map.describe(src)} sent a frame it does not own: {h[:8]}")
         self.inbox[(b, role, mb)] = (src, h, body)
 
@@ -405,12 +461,16 @@ class VerifierChannel:
         declared = max(0, h[9])
         try:
             if body is None:
-                raise WireError(f"body of {h[8] + h[9]} bytes exceeds the limit of {W.body_limit(self.program.payload_shape)}")
+                raise WireError(
+                    f"body of {h[8] + h[9]} bytes exceeds the limit of {W.body_limit(self.program.payload_shape)}"
+                )
             if h[6] != self.ids.index(sender) or h[7] != self.ids.index(receiver):
                 raise WireError(f"header names sender {h[6]} / receiver {h[7]}, the schedule {sender} / {receiver}")
             wire = W.parse_body(body, h[8])
         except WireError as exc:
-            print(f"[verifier {self.comm.rank}] refused msg {mid} from {sender} (step {self.st.step}): {exc}", flush=True)
+            print(
+                f"[verifier {self.comm.rank}] refused msg {mid} from {sender} (step {self.st.step}): {exc}", flush=True
+            )
             return self.relay.refuse(msg, declared, str(exc))
         key = (self.st.step, mb, b, int(role))
         inputs = SenderInputs(key, x_in, g_in) if self.wants_inputs else None

@@ -79,8 +79,11 @@ class Comm:
         try:
             dist.irecv(buf, src, group=self.group).wait(datetime.timedelta(seconds=self.timeout_s))
         except RuntimeError as exc:
-            raise PeerFault(src, f"{self.describe(src)} {describe_failure(exc)} while rank {self.rank} "
-                                 f"waited for {what} (timeout {self.timeout_s:g} s)") from exc
+            raise PeerFault(
+                src,
+                f"{self.describe(src)} {describe_failure(exc)} while rank {self.rank} "
+                f"waited for {what} (timeout {self.timeout_s:g} s)",
+            ) from exc
         finally:
             self.wait_s += time.perf_counter() - t0
         return buf
@@ -105,8 +108,7 @@ class Frames:
         self.q: queue.Queue = queue.Queue()
         self.peers, self.open = list(peers), set(peers)
         self.heard = {p: time.monotonic() for p in peers}  # when each peer's latest frame arrived
-        self.threads = [threading.Thread(target=self._read, args=(p,), daemon=True, name=f"frames<-{p}")
-                        for p in peers]
+        self.threads = [threading.Thread(target=self._read, args=(p,), daemon=True, name=f"frames<-{p}") for p in peers]
         for t in self.threads:
             t.start()
 
@@ -154,9 +156,12 @@ class Frames:
             text, ranks = what()
             now = time.monotonic()
             quiet = min(ranks or self.heard, key=lambda r: (self.heard.get(r, 0.0), r))
-            raise PeerFault(quiet, f"{self.comm.describe(quiet)} stalled (nothing from it for "
-                                   f"{now - self.heard.get(quiet, now):.0f} s) while rank {self.comm.rank} waited for "
-                                   f"{text} (timeout {self.comm.timeout_s:g} s)") from None
+            raise PeerFault(
+                quiet,
+                f"{self.comm.describe(quiet)} stalled (nothing from it for "
+                f"{now - self.heard.get(quiet, now):.0f} s) while rank {self.comm.rank} waited for "
+                f"{text} (timeout {self.comm.timeout_s:g} s)",
+            ) from None
         finally:
             self.comm.wait_s += time.perf_counter() - t0
         if h is None:

@@ -53,6 +53,7 @@ def _run_job(program: DistProgram, rt: Runtime, out_dir: Path | None, top: Path 
 # -- rank 0 --------------------------------------------------------------------------------------------
 def trainer(rt: Runtime, top: Path | None):
     """A `runner.train`-compatible function that runs each job on the whole process group."""
+
     def train(scenario: Scenario, out_dir: Path | None, progress: bool | None = None, label: str = "run"):
         check_supported(scenario)
         out_dir = Path(out_dir) if out_dir is not None else None
@@ -64,8 +65,9 @@ def trainer(rt: Runtime, top: Path | None):
             rt.ready()
             result = _run_job(program, rt, out_dir, top, bar)
             program.close()
-            parts = [(_kind(program, r), log_from_bytes(_recv_bytes(rt, r, "its EventLog part")))
-                     for r in range(1, rt.world)]
+            parts = [
+                (_kind(program, r), log_from_bytes(_recv_bytes(rt, r, "its EventLog part"))) for r in range(1, rt.world)
+            ]
             merge(log, parts)
             program.rank_stats = [p.meta.get("dist", {}) for _, p in parts]
         except BaseException as exc:
@@ -73,8 +75,10 @@ def trainer(rt: Runtime, top: Path | None):
             _save_partial(log, out_dir, rt.rank, exc, program.step if program else 0)
             if not isinstance(exc, Exception):  # Ctrl-C, or SIGTERM from the launcher: not this run's fault
                 raise
-            raise RunError(f"run {scenario.name!r} failed at step {program.step if program else 0}: {exc}"
-                           + (f" (partial EventLog and traceback saved in {out_dir})" if out_dir else "")) from exc
+            raise RunError(
+                f"run {scenario.name!r} failed at step {program.step if program else 0}: {exc}"
+                + (f" (partial EventLog and traceback saved in {out_dir})" if out_dir else "")
+            ) from exc
         bar.close()
         rt.in_job = False
         program.bytes_sent = int(log.messages["bytes"].sum())
@@ -96,21 +100,40 @@ def relay_stats(program: DistProgram) -> dict:
     """A verifier rank's messages and the seconds it spent relaying them (per-verifier throughput)."""
     if not program.is_verifier:
         return {}
-    return {"messages": len(program.log.messages), "relay_s": program.channel.relay_s,
-            "boundaries": program.rank_map.boundaries(program.rt.rank)}
+    return {
+        "messages": len(program.log.messages),
+        "relay_s": program.channel.relay_s,
+        "boundaries": program.rank_map.boundaries(program.rt.rank),
+    }
 
 
 def timing(program: DistProgram, rt: Runtime) -> dict:
     """Where the time went: per-step wall time (the first step is warm-up), each rank's split, and each verifier's
     messages per second of relaying."""
     steady = program.step_s[1:] or program.step_s
-    ranks = [{"rank": 0, "role": "verifier", "wall_s": sum(program.step_s), "wait_s": rt.comm.wait_s,
-              "verifier_s": program.relay.verifier_s, **relay_stats(program)}, *program.rank_stats]
+    ranks = [
+        {
+            "rank": 0,
+            "role": "verifier",
+            "wall_s": sum(program.step_s),
+            "wait_s": rt.comm.wait_s,
+            "verifier_s": program.relay.verifier_s,
+            **relay_stats(program),
+        },
+        *program.rank_stats,
+    ]
     verifiers = [r for r in ranks if r.get("relay_s")]
-    return {"backend": rt.dp_backend, "world": rt.world, "verifiers": program.rank_map.num_verifiers,
-            "steps": len(program.step_s), "s_per_step": sum(steady) / max(1, len(steady)),
-            "coordinator_wait_s": rt.comm.wait_s, "coordinator_verifier_s": program.relay.verifier_s,
-            "verifier_messages_per_s": [r["messages"] / r["relay_s"] for r in verifiers], "ranks": ranks}
+    return {
+        "backend": rt.dp_backend,
+        "world": rt.world,
+        "verifiers": program.rank_map.num_verifiers,
+        "steps": len(program.step_s),
+        "s_per_step": sum(steady) / max(1, len(steady)),
+        "coordinator_wait_s": rt.comm.wait_s,
+        "coordinator_verifier_s": program.relay.verifier_s,
+        "verifier_messages_per_s": [r["messages"] / r["relay_s"] for r in verifiers],
+        "ranks": ranks,
+    }
 
 
 # -- ranks 1..N-1 --------------------------------------------------------------------------------------
@@ -126,10 +149,15 @@ def worker_loop(rt: Runtime, top: Path | None) -> None:
             t0 = time.perf_counter()
             _run_job(program, rt, out_dir, top)
             program.close()
-            log.meta["dist"] = {"rank": rt.rank, "role": _kind(program, rt.rank), "wall_s": time.perf_counter() - t0,
-                                "wait_s": rt.comm.wait_s,
-                                "verifier_s": program.relay.verifier_s if program.is_verifier else 0.0,
-                                "recomputed": program.recomputed_messages(), **relay_stats(program)}
+            log.meta["dist"] = {
+                "rank": rt.rank,
+                "role": _kind(program, rt.rank),
+                "wall_s": time.perf_counter() - t0,
+                "wait_s": rt.comm.wait_s,
+                "verifier_s": program.relay.verifier_s if program.is_verifier else 0.0,
+                "recomputed": program.recomputed_messages(),
+                **relay_stats(program),
+            }
             _send_bytes(rt, 0, log_to_bytes(log))
             rt.comm.flush()
         except BaseException as exc:
@@ -149,8 +177,9 @@ def _recv_bytes(rt: Runtime, src: int, what: str) -> bytes:
     return rt.comm.recv((n,), torch.uint8, src, what).numpy().tobytes()
 
 
-def _save_partial(log: EventLog, out_dir: Path | None, rank: int, exc: BaseException, step: int,
-                  coordinator: bool = True) -> None:
+def _save_partial(
+    log: EventLog, out_dir: Path | None, rank: int, exc: BaseException, step: int, coordinator: bool = True
+) -> None:
     """What was logged so far: this rank's part under OUT/ranks/rank{r}/; rank 0 also OUT/events.* + failure.txt."""
     if out_dir is None:
         return
@@ -162,7 +191,8 @@ def _save_partial(log: EventLog, out_dir: Path | None, rank: int, exc: BaseExcep
         if coordinator:
             log.save(out_dir)
             (out_dir / "failure.txt").write_text(
-                f"run failed at step {step}: {exc!r}\n\n{''.join(traceback.format_exception(exc))}")
+                f"run failed at step {step}: {exc!r}\n\n{''.join(traceback.format_exception(exc))}"
+            )
     except Exception as save_exc:  # never mask the original failure
         print(f"[rank {rank}] could not save the partial EventLog: {save_exc!r}", flush=True)
     finally:
@@ -175,5 +205,6 @@ def write_exit(top: Path | None, rank: int, status: str, message: str = "") -> N
         return
     d = top / "ranks" / f"rank{rank}"
     d.mkdir(parents=True, exist_ok=True)
-    (d / "exit.json").write_text(strictjson.dumps({"rank": rank, "pid": os.getpid(), "status": status,
-                                                   "message": message}))
+    (d / "exit.json").write_text(
+        strictjson.dumps({"rank": rank, "pid": os.getpid(), "status": status, "message": message})
+    )

@@ -45,8 +45,10 @@ def parse_faults(specs: list[str] | tuple[str, ...]) -> tuple[Fault, ...]:
     for text in specs:
         m = re.fullmatch(r"(\w+):(s\d+r\d+):(\d+)", text.strip())
         if not m or m.group(1) not in MESSAGE_FAULTS + RANK_FAULTS:
-            raise ConfigError(f"--fault {text}: expected KIND:WORKER:STEP with KIND one of "
-                              f"{', '.join(MESSAGE_FAULTS + RANK_FAULTS)}, e.g. --fault shape:s1r0:2")
+            raise ConfigError(
+                f"--fault {text}: expected KIND:WORKER:STEP with KIND one of "
+                f"{', '.join(MESSAGE_FAULTS + RANK_FAULTS)}, e.g. --fault shape:s1r0:2"
+            )
         out.append(Fault(m.group(1), m.group(2), int(m.group(3))))
     return tuple(out)
 
@@ -66,8 +68,10 @@ class FaultInjector:
 
     def tamper(self, msg, wire: Wire, log=None) -> tuple[Wire, int, bool]:
         """(wire, extra body bytes, garble manifest) for this message; the fault is ground truth in `log`."""
-        fault = next((f for f in self.pending if f.kind in MESSAGE_FAULTS and f.worker == msg.sender
-                      and msg.step >= f.step), None)
+        fault = next(
+            (f for f in self.pending if f.kind in MESSAGE_FAULTS and f.worker == msg.sender and msg.step >= f.step),
+            None,
+        )
         if fault is None:
             return wire, 0, False
         self.pending.remove(fault)

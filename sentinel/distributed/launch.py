@@ -31,16 +31,38 @@ def options_from_cli(args) -> Options:
 
     if args.timeout <= 0 or args.checkpoint_every < 0:
         raise ConfigError("--timeout must be > 0 and --checkpoint-every >= 0")
-    return Options(timeout_s=args.timeout, checkpoint_every=args.checkpoint_every, resume=args.resume,
-                   device=args.device or "cpu", verifiers=args.verifiers)
+    return Options(
+        timeout_s=args.timeout,
+        checkpoint_every=args.checkpoint_every,
+        resume=args.resume,
+        device=args.device or "cpu",
+        verifiers=args.verifiers,
+    )
 
 
-def torchrun_command(scenario_path: str, out: Path, overrides: list[str], nproc: int, options: Options,
-                     quiet: bool) -> list[str]:
+def torchrun_command(
+    scenario_path: str, out: Path, overrides: list[str], nproc: int, options: Options, quiet: bool
+) -> list[str]:
     # torchrun (`torch.distributed.run`) minus the traceback it prints after a rank failed
-    cmd = [sys.executable, "-m", "sentinel.distributed.torchrun", "--standalone", f"--nproc-per-node={nproc}",
-           "--monitor-interval=1", "-m", "sentinel.distributed", str(scenario_path), "--out", str(out),
-           "--timeout", str(options.timeout_s), "--device", options.device, "--backend", options.backend]
+    cmd = [
+        sys.executable,
+        "-m",
+        "sentinel.distributed.torchrun",
+        "--standalone",
+        f"--nproc-per-node={nproc}",
+        "--monitor-interval=1",
+        "-m",
+        "sentinel.distributed",
+        str(scenario_path),
+        "--out",
+        str(out),
+        "--timeout",
+        str(options.timeout_s),
+        "--device",
+        options.device,
+        "--backend",
+        options.backend,
+    ]
     for item in overrides:
         cmd += ["--set", item]
     for fault in options.faults:
@@ -54,9 +76,16 @@ def torchrun_command(scenario_path: str, out: Path, overrides: list[str], nproc:
     return cmd + (["--quiet"] if quiet else [])
 
 
-def launch(scenario_path: str, out: Path, overrides: list[str] | tuple[str, ...] = (), nproc: int | None = None,
-           options: Options | None = None, quiet: bool = False, timeout_s: float | None = None,
-           output: Path | None = None) -> dict:
+def launch(
+    scenario_path: str,
+    out: Path,
+    overrides: list[str] | tuple[str, ...] = (),
+    nproc: int | None = None,
+    options: Options | None = None,
+    quiet: bool = False,
+    timeout_s: float | None = None,
+    output: Path | None = None,
+) -> dict:
     """Run the scenario on `nproc` local processes; returns summary.json's content or raises RunError.
 
     Args:
@@ -81,8 +110,9 @@ def launch(scenario_path: str, out: Path, overrides: list[str] | tuple[str, ...]
     env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"), "SENTINEL_DIST_LAUNCHED": "1"}
     sink = open(output, "w") if output else None  # noqa: SIM115  (closed below)
     try:
-        proc = subprocess.Popen(cmd, env=env, stdout=sink, stderr=subprocess.STDOUT if sink else None,
-                                start_new_session=True)
+        proc = subprocess.Popen(
+            cmd, env=env, stdout=sink, stderr=subprocess.STDOUT if sink else None, start_new_session=True
+        )
         try:
             code = proc.wait(timeout=timeout_s)
         except BaseException:  # timeout or Ctrl-C: end every rank (they save their partial logs on SIGTERM)
@@ -97,8 +127,12 @@ def launch(scenario_path: str, out: Path, overrides: list[str] | tuple[str, ...]
             sink.close()
     if (out / "summary.json").is_file() and (code == 0 or _all_ranks_ok(out, rank_map.world_size)):
         if code != 0:  # every rank finished its work and said so; only the teardown after it failed
-            print(f"warning: torchrun exited with code {code} after every rank reported success (a failure in "
-                  f"process teardown); the results in {out} are complete", file=sys.stderr, flush=True)
+            print(
+                f"warning: torchrun exited with code {code} after every rank reported success (a failure in "
+                f"process teardown); the results in {out} are complete",
+                file=sys.stderr,
+                flush=True,
+            )
         return json.loads((out / "summary.json").read_text())
     message = diagnose(out, rank_map)
     _salvage(out, rank_map, message)
@@ -150,7 +184,8 @@ def diagnose(out: Path, rank_map: RankMap) -> str:
     if not lines:
         lines = ["the dist run failed; every rank was ended by the launcher (see the output above)"]
     return f"dist run failed ({len(lines)} rank{'s' if len(lines) > 1 else ''}):\n" + "\n".join(
-        f"  {line}" for line in lines)  # one line per failed rank
+        f"  {line}" for line in lines
+    )  # one line per failed rank
 
 
 def _salvage(out: Path, rank_map: RankMap, message: str) -> None:

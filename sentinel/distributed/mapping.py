@@ -42,15 +42,21 @@ def check_world(num_stages: int, num_replicas: int, world_size: int, verifiers: 
     v = default_verifiers(num_stages, world_size) if verifiers is None else verifiers
     lo, hi = 1 + num_stages, boundaries + num_stages * num_replicas
     if not 1 <= v <= boundaries:
-        raise ConfigError(f"--verifiers {v}: between 1 and {boundaries} (one process per boundary at most: "
-                          f"{num_stages} stages have {num_stages - 1} boundaries)")
+        raise ConfigError(
+            f"--verifiers {v}: between 1 and {boundaries} (one process per boundary at most: "
+            f"{num_stages} stages have {num_stages - 1} boundaries)"
+        )
     if not v + num_stages <= world_size <= v + num_stages * num_replicas:
         raise ConfigError(
             f"--nproc {world_size}: the distributed backend needs {v} verifier process{'es' if v > 1 else ''} plus "
             f"between S = {num_stages} and S x R = {num_stages * num_replicas} worker processes (each hosts workers "
             f"of one stage); use --nproc between {v + num_stages} and {v + num_stages * num_replicas}"
-            + (f" (any --nproc between {lo} and {hi} works with --verifiers chosen for it)" if verifiers is not None
-               else ""))
+            + (
+                f" (any --nproc between {lo} and {hi} works with --verifiers chosen for it)"
+                if verifiers is not None
+                else ""
+            )
+        )
     return v
 
 

@@ -20,8 +20,14 @@ import numpy as np
 
 from sentinel.eventlog import EventLog, Table
 
-OWN = {"messages": "verifier", "verdicts": "verifier", "ground_truth": "worker", "losses": "worker",
-       "evals": "coordinator", "bans": "coordinator"}  # which kind of part holds each table
+OWN = {
+    "messages": "verifier",
+    "verdicts": "verifier",
+    "ground_truth": "worker",
+    "losses": "worker",
+    "evals": "coordinator",
+    "bans": "coordinator",
+}  # which kind of part holds each table
 
 
 def log_to_bytes(log: EventLog) -> bytes:

@@ -98,8 +98,9 @@ class TorchCollective:
         dist.all_gather(parts, padded, group=group)
         out: dict = {}
         for part, n in zip(parts, sizes):
-            for k, v in torch.load(io.BytesIO(part[: int(n)].numpy().tobytes()), weights_only=True,
-                                   map_location=self.program.device).items():
+            for k, v in torch.load(
+                io.BytesIO(part[: int(n)].numpy().tobytes()), weights_only=True, map_location=self.program.device
+            ).items():
                 out.setdefault(k, v)
         return out
 
@@ -182,8 +183,7 @@ class DistProgram(StepProgram):
         p = scenario.pipeline
         self.rt = rt
         rank_map = RankMap(p.stages, p.replicas, rt.world, rt.options.verifiers)
-        super().__init__(scenario, log=log, placement=RankPlacement(rank_map, rt.rank), channel=None,
-                         collective=None)
+        super().__init__(scenario, log=log, placement=RankPlacement(rank_map, rt.rank), channel=None, collective=None)
         self.rank_map = rank_map
         self.device = rt.device
         for rep in self.replicas.values():
@@ -195,12 +195,17 @@ class DistProgram(StepProgram):
         self.comm.describe = self.rank_map.describe
         self.comm.wait_s = 0.0
         # every rank creates every stage group, in the same order (torch.distributed requires it)
-        self.groups = [dist.new_group(ranks, timeout=rt.collective_timeout, backend=rt.dp_backend)
-                       for ranks in self.rank_map.stage_ranks]
+        self.groups = [
+            dist.new_group(ranks, timeout=rt.collective_timeout, backend=rt.dp_backend)
+            for ranks in self.rank_map.stage_ranks
+        ]
         # the first and the last stage's ranks exchange a tied embedding's gradient (sentinel/model/tied.py)
         tied = sorted(set(self.rank_map.stage_ranks[0] + self.rank_map.stage_ranks[-1]))
-        self.tied_group = dist.new_group(tied, timeout=rt.collective_timeout, backend="gloo") \
-            if scenario.pipeline.stages > 1 and dims(scenario).tied else None
+        self.tied_group = (
+            dist.new_group(tied, timeout=rt.collective_timeout, backend="gloo")
+            if scenario.pipeline.stages > 1 and dims(scenario).tied
+            else None
+        )
         self.collective = TorchCollective(self, self.groups)
         step_end = StepEnd(self.comm, self.rank_map, rt.collectives)
         self.is_verifier = self.rank_map.is_verifier(rt.rank)
@@ -212,9 +217,15 @@ class DistProgram(StepProgram):
                 self.published = PublishedState(scenario)
                 self.adversary.attach_detector_view(self.published.view())
             faults = FaultInjector(parse_faults(rt.options.faults), [self.workers.ids[i] for i in self.replicas])
-            self.channel = WorkerChannel(self, self.comm, self.rank_map, Sender(self.codecs, scenario.seed,
-                                                                               self.adversary), faults, step_end,
-                                         share_weights=recomputes(scenario))
+            self.channel = WorkerChannel(
+                self,
+                self.comm,
+                self.rank_map,
+                Sender(self.codecs, scenario.seed, self.adversary),
+                faults,
+                step_end,
+                share_weights=recomputes(scenario),
+            )
         self.install_hooks(clock=False)  # a distributed run measures real time instead of simulating it
         self.eval_stages = None
         self.step_s: list[float] = []  # wall seconds of each train_step (evaluation excluded)
@@ -240,8 +251,18 @@ class DistProgram(StepProgram):
             self.adversary = build_adversary(sc, _Shadow(self.workers))
         wants = DETECTORS.get(sc.detector.name).wants_inputs
         publish = white_box_attacks(sc) and sc.detector.name != "none"
-        return VerifierChannel(self, self.comm, self.rank_map, self.relay, step_end, responder,
-                               self.mesh if rank == COORDINATOR else None, wants, self.recompute, publish)
+        return VerifierChannel(
+            self,
+            self.comm,
+            self.rank_map,
+            self.relay,
+            step_end,
+            responder,
+            self.mesh if rank == COORDINATOR else None,
+            wants,
+            self.recompute,
+            publish,
+        )
 
     @property
     def verifiers(self) -> dict:

@@ -36,8 +36,15 @@ MSG, SKIP, DELIVER, STATUS, END = 1, 2, 3, 4, 5
 CHUNK = 1 << 22  # bytes per body send: also the relay's scratch buffer when it drains a refused body
 MAX_MANIFEST = 1 << 16
 DTYPES = {
-    "float32": torch.float32, "float64": torch.float64, "float16": torch.float16, "bfloat16": torch.bfloat16,
-    "int8": torch.int8, "uint8": torch.uint8, "int16": torch.int16, "int32": torch.int32, "int64": torch.int64,
+    "float32": torch.float32,
+    "float64": torch.float64,
+    "float16": torch.float16,
+    "bfloat16": torch.bfloat16,
+    "int8": torch.int8,
+    "uint8": torch.uint8,
+    "int16": torch.int16,
+    "int32": torch.int32,
+    "int64": torch.int64,
     "bool": torch.bool,
 }
 DTYPE_NAMES = {v: k for k, v in DTYPES.items()}
@@ -129,5 +136,6 @@ def parse_body(body: torch.Tensor, manifest_len: int) -> Wire:
 
 
 def message_header(msg, sender_idx: int, receiver_idx: int, manifest_len: int, data_len: int) -> torch.Tensor:
-    return header(MSG, msg.step, msg.mb_idx, msg.boundary, int(msg.role), sender_idx, receiver_idx, manifest_len,
-                  data_len)
+    return header(
+        MSG, msg.step, msg.mb_idx, msg.boundary, int(msg.role), sender_idx, receiver_idx, manifest_len, data_len
+    )

@@ -44,9 +44,13 @@ def latest(root: Path) -> Path | None:
 
 def stateful(program: StepProgram) -> dict:
     """The parts of a program whose state a checkpoint holds (beyond replicas, the worker table and the log)."""
-    return {"adversary": program.adversary, "relay": program.relay, "hooks": program.hooks,
-            "codecs": list({id(c): c for c in program.codecs.values()}.values()),
-            "dp_compressor": program.dp_compressor}
+    return {
+        "adversary": program.adversary,
+        "relay": program.relay,
+        "hooks": program.hooks,
+        "codecs": list({id(c): c for c in program.codecs.values()}.values()),
+        "dp_compressor": program.dp_compressor,
+    }
 
 
 def check(program: StepProgram) -> None:
@@ -70,11 +74,17 @@ def save(program: StepProgram, root: Path, rank: int = 0) -> Path:
     d = step_dir(root, program.step)
     (d / f"rank{rank}_log").mkdir(parents=True, exist_ok=True)
     program.log.save(d / f"rank{rank}_log")
-    replicas = {r.wid: {"module": r.module.state_dict(), "optimizer": r.optimizer.state_dict()}
-                for r in program.replicas.values()}
-    state = {"step": program.step, "world": program.world,
-             "workers": _table(program), "replicas": replicas,
-             "plugins": capture(stateful(program), exclude=(Replica, StepProgram))}
+    replicas = {
+        r.wid: {"module": r.module.state_dict(), "optimizer": r.optimizer.state_dict()}
+        for r in program.replicas.values()
+    }
+    state = {
+        "step": program.step,
+        "world": program.world,
+        "workers": _table(program),
+        "replicas": replicas,
+        "plugins": capture(stateful(program), exclude=(Replica, StepProgram)),
+    }
     torch.save(state, d / f"rank{rank}.pt")
     return d
 
@@ -91,8 +101,10 @@ def load(program: StepProgram, ckpt: Path, rank: int = 0) -> None:
     state = torch.load(path, weights_only=True, map_location="cpu")
     world = program.world
     if state["world"] != world:
-        raise RunError(f"checkpoint {ckpt} was written by {state['world']} processes; resume it with "
-                       f"--nproc {state['world']} (this run has {world})")
+        raise RunError(
+            f"checkpoint {ckpt} was written by {state['world']} processes; resume it with "
+            f"--nproc {state['world']} (this run has {world})"
+        )
     w, t = program.workers, state["workers"]
     w.ids[:], w.stage[:], w.live[:] = t["ids"], t["stage"], t["live"]
     w._next_replica = list(t["next"])
@@ -129,8 +141,10 @@ def resume_point(resume: str | Path | None, out_dir: Path | None, top: Path | No
             return None
     found = latest(root) or latest(root / "checkpoints")
     if found is None:
-        raise ConfigError(f"--resume {root}: no complete checkpoint there (a step-NNNNNN folder holding COMPLETE, "
-                          "written by a run with --checkpoint-every)")
+        raise ConfigError(
+            f"--resume {root}: no complete checkpoint there (a step-NNNNNN folder holding COMPLETE, "
+            "written by a run with --checkpoint-every)"
+        )
     return found
 
 

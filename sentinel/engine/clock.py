@@ -62,16 +62,21 @@ class ClockState:
             done = max(max(finish[w], gate[w]) for w in members)
             self.weights_ready[(s, step)] = done + dp_s(s, members)
         self.weights_ready = {k: v for k, v in self.weights_ready.items() if k[1] >= step - 80}  # bounded
-        self.sim_time_s = max([self.sim_time_s, *finish.values(), *(self.weights_ready[(s, step)]
-                                                                    for s in range(num_stages))])
+        self.sim_time_s = max(
+            [self.sim_time_s, *finish.values(), *(self.weights_ready[(s, step)] for s in range(num_stages))]
+        )
         self.tokens += tokens
         self.step_s.append(self.sim_time_s - before)
         return self.sim_time_s
 
     def report(self) -> dict:
         t = self.sim_time_s
-        return {"sim_time_s": t, "sim_tokens": self.tokens, "sim_tokens_per_s": self.tokens / t if t > 0 else None,
-                "sim_step_s_mean": t / len(self.step_s) if self.step_s else None}
+        return {
+            "sim_time_s": t,
+            "sim_tokens": self.tokens,
+            "sim_tokens_per_s": self.tokens / t if t > 0 else None,
+            "sim_step_s_mean": t / len(self.step_s) if self.step_s else None,
+        }
 
 
 class NetworkClock(StepHook):
@@ -87,10 +92,14 @@ class NetworkClock(StepHook):
     def attach(self, engine: StepProgram) -> None:
         self._row = len(engine.log.messages)
         m = self.sc.model
-        self.stage_flops = [stage_flops(engine.replicas[engine.workers.live_in_stage(s)[0]].module,
-                                        self.sc.data.batch_size, m.seq_len) for s in range(engine.num_stages)]
-        self.stage_params = [sum(p.numel() for p in engine.replicas[engine.workers.live_in_stage(s)[0]].params)
-                             for s in range(engine.num_stages)]
+        self.stage_flops = [
+            stage_flops(engine.replicas[engine.workers.live_in_stage(s)[0]].module, self.sc.data.batch_size, m.seq_len)
+            for s in range(engine.num_stages)
+        ]
+        self.stage_params = [
+            sum(p.numel() for p in engine.replicas[engine.workers.live_in_stage(s)[0]].params)
+            for s in range(engine.num_stages)
+        ]
         self.stragglers = stragglers(self.cfg, self.sc.seed, list(engine.workers.ids))
         for w in engine.workers.ids:
             self.net.node(w)
@@ -116,10 +125,15 @@ class NetworkClock(StepHook):
         action_s, skipped = st.action_s, st.skipped
 
         def compute_s(w: str, a: Action) -> float:
-            if (a.stage, a.mb) in skipped or (a.kind == "B" and a.stage < last and ("B", a.stage + 1, a.mb) not in messages):
+            if (a.stage, a.mb) in skipped or (
+                a.kind == "B" and a.stage < last and ("B", a.stage + 1, a.mb) not in messages
+            ):
                 return 0.0
-            base = action_s.get(a, 0.0) if measured else self.stage_flops[a.stage] * (2 if a.kind == "B" else 1) / (
-                self.cfg.tflops * 1e12)
+            base = (
+                action_s.get(a, 0.0)
+                if measured
+                else self.stage_flops[a.stage] * (2 if a.kind == "B" else 1) / (self.cfg.tflops * 1e12)
+            )
             return base * (self.cfg.straggler_slowdown if w in self.stragglers else 1.0)
 
         return compute_s
@@ -154,13 +168,25 @@ class NetworkClock(StepHook):
             return self.net.ring_allreduce_s(members, nbytes)
 
         tokens = len(st.losses) * self.sc.data.batch_size * self.sc.model.seq_len
-        self.state.advance(st.step, queues, stage_of, self._compute(st, messages, S - 1), messages, dp_s,
-                           (lambda w, s: asy.staleness(st.step, w, s)) if asy is not None else (lambda w, s: 0),
-                           S, tokens)
+        self.state.advance(
+            st.step,
+            queues,
+            stage_of,
+            self._compute(st, messages, S - 1),
+            messages,
+            dp_s,
+            (lambda w, s: asy.staleness(st.step, w, s)) if asy is not None else (lambda w, s: 0),
+            S,
+            tokens,
+        )
 
     def report(self) -> dict:
-        return {**self.state.report(), "dp_bytes_sent": int(self.dp_bytes_sent), "network_preset": self.cfg.preset,
-                "links_used": self.net.graph.number_of_edges()}
+        return {
+            **self.state.report(),
+            "dp_bytes_sent": int(self.dp_bytes_sent),
+            "network_preset": self.cfg.preset,
+            "links_used": self.net.graph.number_of_edges(),
+        }
 
 
 def network_report(engine: StepProgram) -> dict:
@@ -200,6 +226,15 @@ def pipeline_throughput(
                     messages[("B", s, mb)] = (ids[s], ids[s - 1], grad_bytes, msg_id + 1)
                 msg_id += 2
         queues = {ids[s]: list(acts) for s, acts in enumerate(per_stage)}
-        state.advance(step, queues, stage_of, lambda w, a: fwd_s if a.kind == "F" else bwd_s, messages,
-                      lambda s, members: dp_s, lambda w, s: 0, num_stages, tokens_per_mb * num_microbatches)
+        state.advance(
+            step,
+            queues,
+            stage_of,
+            lambda w, a: fwd_s if a.kind == "F" else bwd_s,
+            messages,
+            lambda s, members: dp_s,
+            lambda w, s: 0,
+            num_stages,
+            tokens_per_mb * num_microbatches,
+        )
     return state.report()

@@ -58,8 +58,10 @@ class LocalCollective:
 
     def copy_replica(self, src: int, dst: int, stage_idx: int) -> dict:
         rep = self.program.replicas[src]
-        return {"module": copy.deepcopy(rep.module.state_dict()),
-                "optimizer": copy.deepcopy(rep.optimizer.state_dict())}
+        return {
+            "module": copy.deepcopy(rep.module.state_dict()),
+            "optimizer": copy.deepcopy(rep.optimizer.state_dict()),
+        }
 
 
 class TrustedRecompute:
@@ -148,18 +150,24 @@ class SimEngine(StepProgram):
     returns: one per boundary, as the distributed backend has one per verifier process).
     """
 
-    def __init__(self, scenario: Scenario, log: EventLog | None = None, adversary=None, verifier=None,
-                 responder=None):
+    def __init__(self, scenario: Scenario, log: EventLog | None = None, adversary=None, verifier=None, responder=None):
         log = log if log is not None else EventLog()
         collective = LocalCollective()
-        super().__init__(scenario, log=log, placement=AllLocal(scenario.pipeline.stages), channel=None,
-                         collective=collective, adversary=adversary)
+        super().__init__(
+            scenario,
+            log=log,
+            placement=AllLocal(scenario.pipeline.stages),
+            channel=None,
+            collective=collective,
+            adversary=adversary,
+        )
         collective.program = self
         self.mesh = MeshControl(self.workers)  # the response policy's view: bans and additions become events
         self.recompute = TrustedRecompute(self.replicas, self.workers)
         self.relay = Relay(self.log, self.codecs, scenario.seed, payload_shape(scenario))
-        self.channel = LocalChannel(Sender(self.codecs, scenario.seed, adversary), self.relay, self.recompute,
-                                    self.mesh)
+        self.channel = LocalChannel(
+            Sender(self.codecs, scenario.seed, adversary), self.relay, self.recompute, self.mesh
+        )
         self.install_defence(verifier, responder)
         self.install_hooks()
 
@@ -214,4 +222,3 @@ class SimEngine(StepProgram):
     def parameters(self) -> dict[str, torch.Tensor]:
         """Flat name -> tensor of the reference replicas, with names independent of the stage split."""
         return global_parameters(self.reference_modules())
-

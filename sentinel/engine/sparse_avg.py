@@ -102,7 +102,9 @@ class SparseAveraging(StepHook):
         self.step_bytes[s] = 4 * (hi - lo)
         self.bytes_sent += 4 * (hi - lo) * len(rows)
 
-    def _apply(self, engine: StepProgram, s: int, lo: int, hi: int, avg: torch.Tensor, snaps: dict[str, torch.Tensor]) -> None:
+    def _apply(
+        self, engine: StepProgram, s: int, lo: int, hi: int, avg: torch.Tensor, snaps: dict[str, torch.Tensor]
+    ) -> None:
         for i in engine.workers.live_in_stage(s):
             if i not in engine.replicas:
                 continue

@@ -126,7 +126,9 @@ class Placement(Protocol):
 class Collective(Protocol):
     """The DP sync's communication: every contributing replica's row of one stage, in worker-table order."""
 
-    def gather(self, stage_idx: int, rows: list[tuple[int, int, torch.Tensor]]) -> list[tuple[int, int, torch.Tensor]]: ...
+    def gather(
+        self, stage_idx: int, rows: list[tuple[int, int, torch.Tensor]]
+    ) -> list[tuple[int, int, torch.Tensor]]: ...
 
     def copy_replica(self, src: int, dst: int, stage_idx: int) -> dict | None: ...
 
@@ -136,8 +138,17 @@ class Collective(Protocol):
 class StepProgram:
     """The training loop of one process: the step (see module docstring), evaluation, checkpoints."""
 
-    def __init__(self, scenario: Scenario, *, log: EventLog, placement: Placement, channel: Channel,
-                 collective: Collective, workers: WorkerTable | None = None, adversary=None):
+    def __init__(
+        self,
+        scenario: Scenario,
+        *,
+        log: EventLog,
+        placement: Placement,
+        channel: Channel,
+        collective: Collective,
+        workers: WorkerTable | None = None,
+        adversary=None,
+    ):
         p = scenario.pipeline
         self.sc, self.log, self.placement, self.channel, self.collective = scenario, log, placement, channel, collective
         self.data = Dataset(scenario)
@@ -158,7 +169,8 @@ class StepProgram:
         self.templates = build_stages(scenario.model, self.vocab, p.stages, scenario.seed)
         self.replicas: dict[int, Replica] = {
             i: Replica(wid, s, copy.deepcopy(self.templates[s]), scenario)
-            for i, (wid, s) in enumerate(zip(self.workers.ids, self.workers.stage)) if placement.hosts(wid)
+            for i, (wid, s) in enumerate(zip(self.workers.ids, self.workers.stage))
+            if placement.hosts(wid)
         }
         self.dp_compressor = build_dp_compressor(scenario)  # None unless dp.compression is set
         self.relay = None  # the verifier half of the transport, on a process that hosts verifiers
@@ -219,8 +231,9 @@ class StepProgram:
         (self._forward if a.kind == "F" else self._backward)(st, a.stage, a.mb)
         st.action_s[a] = time.perf_counter() - t0
 
-    def message(self, st: StepState, mb: int, boundary: int, role: Role, sender: str, receiver: str,
-                payload: torch.Tensor) -> Message:
+    def message(
+        self, st: StepState, mb: int, boundary: int, role: Role, sender: str, receiver: str, payload: torch.Tensor
+    ) -> Message:
         mid = message_id(st.step, mb, boundary, role, self.num_microbatches, self.num_stages)
         return Message(st.step, mb, boundary, role, sender, receiver, payload, msg_id=mid)
 
@@ -374,8 +387,11 @@ class StepProgram:
         t = self.sc.training
         return step % t.eval_every == 0 or step == t.steps
 
-    def run(self, on_step: Callable[[int, float, float | None], None] | None = None,
-            on_checkpoint: Callable[[StepProgram], None] | None = None) -> dict[str, float]:
+    def run(
+        self,
+        on_step: Callable[[int, float, float | None], None] | None = None,
+        on_checkpoint: Callable[[StepProgram], None] | None = None,
+    ) -> dict[str, float]:
         """Train until `training.steps` with periodic evaluation; returns headline numbers.
 
         A resumed program (its `step` > 0) continues where its checkpoint left off."""

@@ -80,8 +80,7 @@ class TiedEmbeddings:
         mine = {}
         if src:
             rep, p = src[0]
-            mine[src_side] = {"weight": p.detach().clone(),
-                              "state": copy.deepcopy(rep.optimizer.state.get(p, {}))}
+            mine[src_side] = {"weight": p.detach().clone(), "state": copy.deepcopy(rep.optimizer.state.get(p, {}))}
         got = engine.collective.share("tied_state", mine)[src_side]
         for rep, p in dst:
             p.copy_(got["weight"])

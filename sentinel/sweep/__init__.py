@@ -92,7 +92,6 @@ def _execute(
         )
         try:
             if executor == "ray":
-
                 failures = run_ray(todo, address, n_threads, bar)
             else:
                 failures = run_local(todo, jobs, n_threads, bar)

@@ -20,5 +20,19 @@ from sentinel.transport.relay import (
     WireError,
 )
 
-__all__ = ["Delivery", "InFlight", "Interceptor", "Message", "Relay", "Responder", "Role", "Sender",
-           "SenderInputs", "Verifier", "Wire", "WireError", "canonical_key", "message_id"]
+__all__ = [
+    "Delivery",
+    "InFlight",
+    "Interceptor",
+    "Message",
+    "Relay",
+    "Responder",
+    "Role",
+    "Sender",
+    "SenderInputs",
+    "Verifier",
+    "Wire",
+    "WireError",
+    "canonical_key",
+    "message_id",
+]

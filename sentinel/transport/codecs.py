@@ -299,7 +299,9 @@ class RandomMask(Codec):
         key = (ctx.seed, ctx.step, ctx.mb_idx, ctx.boundary, n)
         idx = self._cache.get(key)
         if idx is None:
-            gen = torch.Generator().manual_seed(derive_seed(ctx.seed, 0x4D41534B, ctx.step, ctx.mb_idx + 1, ctx.boundary, n))
+            gen = torch.Generator().manual_seed(
+                derive_seed(ctx.seed, 0x4D41534B, ctx.step, ctx.mb_idx + 1, ctx.boundary, n)
+            )
             idx = torch.randperm(n, generator=gen)[: self.k(n)].sort().values
             if len(self._cache) > 64:  # a step's messages reuse a handful of masks; keep memory bounded
                 self._cache.clear()

@@ -50,7 +50,9 @@ class Network:
         if wid not in self.graph:
             rng = _unit(self.seed, 0x4E37, wid)
             f, g = rng.lognormal(0.0, self.cfg.spread), rng.lognormal(0.0, self.cfg.spread / 2)
-            self.graph.add_node(wid, bw_factor=float(f), lat_factor=float(g), region=int(rng.integers(self.cfg.regions)))
+            self.graph.add_node(
+                wid, bw_factor=float(f), lat_factor=float(g), region=int(rng.integers(self.cfg.regions))
+            )
         return self.graph.nodes[wid]
 
     def link(self, u: str, v: str) -> tuple[float, float]:
@@ -59,8 +61,10 @@ class Network:
             a, b = self.node(u), self.node(v)
             c = self.cfg
             if c.preset == "heterogeneous":
-                bw, lat = c.bandwidth_mbps * min(a["bw_factor"], b["bw_factor"]), c.latency_ms * math.sqrt(
-                    a["lat_factor"] * b["lat_factor"])
+                bw, lat = (
+                    c.bandwidth_mbps * min(a["bw_factor"], b["bw_factor"]),
+                    c.latency_ms * math.sqrt(a["lat_factor"] * b["lat_factor"]),
+                )
             elif c.preset == "geo_clustered" and a["region"] == b["region"]:
                 bw, lat = c.intra_bandwidth_mbps, c.intra_latency_ms
             else:

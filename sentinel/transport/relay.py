@@ -141,8 +141,15 @@ class Relay:
     a message downstream of a flag in its microbatch gets `PAUSED` without reaching its verifier.
     """
 
-    def __init__(self, log: EventLog, codecs: dict[Role, Codec], seed: int, payload_shape: tuple[int, ...],
-                 verifiers: Mapping[int, Verifier] | None = None, responder: Responder | None = None):
+    def __init__(
+        self,
+        log: EventLog,
+        codecs: dict[Role, Codec],
+        seed: int,
+        payload_shape: tuple[int, ...],
+        verifiers: Mapping[int, Verifier] | None = None,
+        responder: Responder | None = None,
+    ):
         self.log, self.codecs, self.seed, self.payload_shape = log, codecs, seed, tuple(payload_shape)
         self.verifiers = dict(verifiers or {})
         self.responder = responder
@@ -151,8 +158,14 @@ class Relay:
         self.verifier_s = 0.0  # wall time spent judging (cost accounting only)
         self.records: list[tuple[Message, Verdict]] = []  # this step's verdicts, for the response policy
 
-    def carry(self, msg: Message, wire: Wire, paused: bool = False, inputs: SenderInputs | None = None,
-              declared_bytes: int | None = None) -> Delivery:
+    def carry(
+        self,
+        msg: Message,
+        wire: Wire,
+        paused: bool = False,
+        inputs: SenderInputs | None = None,
+        declared_bytes: int | None = None,
+    ) -> Delivery:
         """Relay one message: `paused` when a message upstream of it in its microbatch was flagged this step."""
         try:
             msg = self._decode(msg, wire)
@@ -199,8 +212,11 @@ class Relay:
         return isinstance(t, torch.Tensor) and tuple(t.shape) == self.payload_shape and t.dtype == torch.float32
 
     def _refuse(self, msg: Message, declared_bytes: int, reason: str) -> Delivery:
-        msg = msg.replace(payload=torch.zeros(self.payload_shape), wire_bytes=max(0, int(declared_bytes)),
-                          meta={"wire_reject": reason})
+        msg = msg.replace(
+            payload=torch.zeros(self.payload_shape),
+            wire_bytes=max(0, int(declared_bytes)),
+            meta={"wire_reject": reason},
+        )
         self.bytes_sent += msg.wire_bytes
         self.log.log_message(msg)
         if not self.verifiers:
@@ -215,4 +231,3 @@ class Relay:
         records, self.records = sorted(self.records, key=lambda r: canonical_key(r[0])), []
         if self.responder is not None:
             self.responder.end_step(step, records)
-

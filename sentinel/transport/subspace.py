@@ -90,7 +90,9 @@ class Subspace(Codec, StepHook):
         tensors = {}
         if self._offset(ctx):
             if self._tokens is None or self._embed is None:
-                raise RunError("subspace codec with embed_offset needs token ids: attach it to an engine or call bind()")
+                raise RunError(
+                    "subspace codec with embed_offset needs token ids: attach it to an engine or call bind()"
+                )
             tok = self._tokens(ctx.step, ctx.mb_idx)
             h = h - self._embed[tok]
             tensors["tokens"] = tok.to(token_dtype(self._vocab))

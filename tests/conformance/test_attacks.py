@@ -26,8 +26,12 @@ NAMES = ATTACKS.names()
 STEPS = 7
 # Parameters that make an attack act within a short stream (defaults are sized for real runs).
 STREAM_PARAMS = {"delay": {"d": 2}}
-ROLE_OF = {"activation": {Role.ACTIVATION}, "gradient": {Role.GRADIENT}, "both": {Role.ACTIVATION, Role.GRADIENT},
-           "dp_gradient": {Role.DP_GRADIENT}}
+ROLE_OF = {
+    "activation": {Role.ACTIVATION},
+    "gradient": {Role.GRADIENT},
+    "both": {Role.ACTIVATION, Role.GRADIENT},
+    "dp_gradient": {Role.DP_GRADIENT},
+}
 
 MESH = {
     "name": "conformance",
@@ -69,8 +73,12 @@ def _scenario(name: str | None, seed: int = 3, **extra) -> scenario.Scenario:
     data = copy.deepcopy(MESH)
     data["seed"] = seed
     if name is not None:
-        data["adversary"] = {"placement": "explicit", "workers": ["s0r0", "s1r0", "s2r0"], "protect": [],
-                             "attacks": _specs(name, **extra)}
+        data["adversary"] = {
+            "placement": "explicit",
+            "workers": ["s0r0", "s1r0", "s2r0"],
+            "protect": [],
+            "attacks": _specs(name, **extra),
+        }
     return scenario.validate(data)
 
 
@@ -82,7 +90,9 @@ def _stream(sc: scenario.Scenario):
 
 def _logged(log: EventLog) -> set[tuple]:
     gt = log.ground_truth
-    return {(int(m), int(s), int(r), log.workers[w]) for m, s, r, w in zip(gt["msg"], gt["step"], gt["role"], gt["worker"])}
+    return {
+        (int(m), int(s), int(r), log.workers[w]) for m, s, r, w in zip(gt["msg"], gt["step"], gt["role"], gt["worker"])
+    }
 
 
 def _key(rec) -> tuple:
@@ -120,8 +130,14 @@ def test_ground_truth_for_every_tampered_message_and_no_other(name):
     specs = sc.adversary.attacks
     by_key = {_key(r): r for r in records}
     sched = Schedule.from_spec(specs[0])
-    for row, key in enumerate(zip(log.ground_truth["msg"], log.ground_truth["step"], log.ground_truth["role"],
-                                  (log.workers[w] for w in log.ground_truth["worker"]))):
+    for row, key in enumerate(
+        zip(
+            log.ground_truth["msg"],
+            log.ground_truth["step"],
+            log.ground_truth["role"],
+            (log.workers[w] for w in log.ground_truth["worker"]),
+        )
+    ):
         rec = by_key[tuple(int(k) if i < 3 else k for i, k in enumerate(key))]
         assert rec.sender in layer.malicious and sched.active(rec.step)
         assert any(rec.role in ROLE_OF[s.role] for s in specs)

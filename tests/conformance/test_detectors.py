@@ -28,8 +28,10 @@ def _available(name: str) -> bool:
     return not name.startswith("river_") or river_missing() is None
 
 
-NAMES = [pytest.param(n, marks=pytest.mark.skipif(not _available(n), reason="river not installed"))
-         for n in DETECTORS.names()]
+NAMES = [
+    pytest.param(n, marks=pytest.mark.skipif(not _available(n), reason="river not installed"))
+    for n in DETECTORS.names()
+]
 
 
 def make(name: str, seed: int = 0) -> Detector:
@@ -37,8 +39,12 @@ def make(name: str, seed: int = 0) -> Detector:
     cfg = cls.Config()
     if hasattr(cfg, "warmup_steps"):
         cfg = type(cfg)(**{**to_plain(cfg), "warmup_steps": 1, "min_history": 8})
-    env = DetectorEnv(num_stages=3, payload_shape=SHAPE, recompute=lambda msg, worker=None: msg.payload * 0.5,
-                      live_replicas=lambda s: [f"s{s}r0", f"s{s}r1"])
+    env = DetectorEnv(
+        num_stages=3,
+        payload_shape=SHAPE,
+        recompute=lambda msg, worker=None: msg.payload * 0.5,
+        live_replicas=lambda s: [f"s{s}r0", f"s{s}r1"],
+    )
     return cls(cfg, seed=seed, env=env)
 
 
@@ -61,8 +67,18 @@ def test_verdicts_are_well_formed_and_deterministic(name):
     a, b = make(name), make(name)
     for msg in traffic():
         va = a.observe(msg)
-        vb = b.observe(Message(msg.step, msg.mb_idx, msg.boundary, msg.role, msg.sender, msg.receiver,
-                               msg.payload.clone(), msg_id=msg.msg_id))
+        vb = b.observe(
+            Message(
+                msg.step,
+                msg.mb_idx,
+                msg.boundary,
+                msg.role,
+                msg.sender,
+                msg.receiver,
+                msg.payload.clone(),
+                msg_id=msg.msg_id,
+            )
+        )
         assert isinstance(va, Verdict) and isinstance(va.flagged, bool)
         assert all(isinstance(k, str) and isinstance(v, float) for k, v in va.scores.items())
         assert va == vb
@@ -92,6 +108,15 @@ def test_verdicts_do_not_depend_on_anything_but_the_message(name):
     """The same payload and public metadata give the same verdict, whatever msg_id or `meta` carry."""
     a, b = make(name), make(name)
     for msg in traffic():
-        twin = Message(msg.step, msg.mb_idx, msg.boundary, msg.role, msg.sender, msg.receiver, msg.payload.clone(),
-                       msg_id=msg.msg_id + 10_000, meta={"tampered": True})
+        twin = Message(
+            msg.step,
+            msg.mb_idx,
+            msg.boundary,
+            msg.role,
+            msg.sender,
+            msg.receiver,
+            msg.payload.clone(),
+            msg_id=msg.msg_id + 10_000,
+            meta={"tampered": True},
+        )
         assert a.observe(msg) == b.observe(twin)

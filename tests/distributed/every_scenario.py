@@ -37,23 +37,42 @@ def check(path: Path, steps: int, cap: int) -> tuple[str, str, float]:
     base = scenario_mod.load(path, ["sweep.grid={}"])
     last = max([a.start for a in base.adversary.attacks], default=0)
     steps = min(base.training.steps, last + steps)
-    over = [f"training.steps={steps}", f"training.eval_every={steps}", "scoring.twins=[]", "scoring.confirm=false",
-            "sweep.grid={}"]
+    over = [
+        f"training.steps={steps}",
+        f"training.eval_every={steps}",
+        "scoring.twins=[]",
+        "scoring.confirm=false",
+        "sweep.grid={}",
+    ]
     sc = scenario_mod.load(path, over)
     nproc = _nproc(sc, cap)
     t0 = time.perf_counter()
     with tempfile.TemporaryDirectory() as tmp:
         try:
-            launch(str(path), Path(tmp) / "dist", over, nproc=nproc, options=Options(timeout_s=300), quiet=True,
-                   timeout_s=1200, output=Path(tmp) / "dist.log")
+            launch(
+                str(path),
+                Path(tmp) / "dist",
+                over,
+                nproc=nproc,
+                options=Options(timeout_s=300),
+                quiet=True,
+                timeout_s=1200,
+                output=Path(tmp) / "dist.log",
+            )
             sim = sim_reference(path, over, Path(tmp) / "sim")
             assert_same_log(EventLog.load(Path(tmp) / "dist"), sim)
-            return "equal", f"{nproc} processes, {len(sim.messages)} messages, {len(sim.ground_truth)} tampered, " \
-                            f"{int(sim.verdicts['flagged'].sum()) if len(sim.verdicts) else 0} flagged", \
-                time.perf_counter() - t0
+            return (
+                "equal",
+                f"{nproc} processes, {len(sim.messages)} messages, {len(sim.ground_truth)} tampered, "
+                f"{int(sim.verdicts['flagged'].sum()) if len(sim.verdicts) else 0} flagged",
+                time.perf_counter() - t0,
+            )
         except (SentinelError, AssertionError) as exc:
-            return "DIFFERS" if isinstance(exc, AssertionError) else "FAILED", str(exc).splitlines()[0][:160], \
-                time.perf_counter() - t0
+            return (
+                "DIFFERS" if isinstance(exc, AssertionError) else "FAILED",
+                str(exc).splitlines()[0][:160],
+                time.perf_counter() - t0,
+            )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -68,8 +87,10 @@ def main(argv: list[str] | None = None) -> int:
     for path in paths:
         verdict, detail, secs = check(path, args.steps, args.max_procs)
         bad += verdict != "equal"
-        print(f"| {path.relative_to(REPO) if path.is_absolute() else path} | {verdict} | {detail} | {secs:.0f} |",
-              flush=True)
+        print(
+            f"| {path.relative_to(REPO) if path.is_absolute() else path} | {verdict} | {detail} | {secs:.0f} |",
+            flush=True,
+        )
     return 1 if bad else 0
 
 

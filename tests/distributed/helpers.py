@@ -25,8 +25,11 @@ ATTACKED = {
     "data": {"source": "synthetic", "vocab": 32, "batch_size": 4, "val_batches": 2},
     "pipeline": {"stages": 3, "replicas": 3, "microbatches": 4, "schedule": "gpipe", "routing": "random"},
     "training": {"steps": 11, "lr": 3.0e-3, "warmup_steps": 2, "eval_every": 5},
-    "adversary": {"placement": "explicit", "workers": ["s1r2"],
-                  "attacks": [{"name": "scaling", "role": "both", "alpha": -4.0, "start": 6}]},
+    "adversary": {
+        "placement": "explicit",
+        "workers": ["s1r2"],
+        "attacks": [{"name": "scaling", "role": "both", "alpha": -4.0, "start": 6}],
+    },
     "detector": {"name": "sentinel", "warmup_steps": 3, "min_history": 6},
     # plain strike counting (no peer test), so a few strikes ban and the replacement path is exercised
     "response": {"on_flag": "drop", "ban_after": 2, "replace_banned": True, "ban_pvalue": 1.0, "attribution": "sender"},
@@ -69,7 +72,13 @@ def assert_same_log(dist: EventLog, sim: EventLog) -> None:
         assert a.keys() == b.keys(), table
         for col in a:
             if a[col].dtype.kind == "f":
-                torch.testing.assert_close(torch.from_numpy(a[col]), torch.from_numpy(b[col]), rtol=1e-5, atol=1e-6,
-                                           equal_nan=True, msg=f"{table}.{col}")
+                torch.testing.assert_close(
+                    torch.from_numpy(a[col]),
+                    torch.from_numpy(b[col]),
+                    rtol=1e-5,
+                    atol=1e-6,
+                    equal_nan=True,
+                    msg=f"{table}.{col}",
+                )
             else:
                 np.testing.assert_array_equal(a[col], b[col], err_msg=f"{table}.{col}")

@@ -20,8 +20,12 @@ from tests.distributed.helpers import LINE, assert_same_log, sim_reference, writ
 pytestmark = pytest.mark.slow
 
 FAULTS = {  # kind -> (worker, step): one each, on different links, both directions
-    "shape": ("s1r0", 1), "dtype": ("s2r0", 1), "nan": ("s0r0", 2),
-    "bytes": ("s1r0", 2), "oversize": ("s2r0", 3), "manifest": ("s0r0", 3),
+    "shape": ("s1r0", 1),
+    "dtype": ("s2r0", 1),
+    "nan": ("s0r0", 2),
+    "bytes": ("s1r0", 2),
+    "oversize": ("s2r0", 3),
+    "manifest": ("s0r0", 3),
 }
 
 
@@ -29,8 +33,15 @@ FAULTS = {  # kind -> (worker, step): one each, on different links, both directi
 def test_malformed_payloads_are_flagged_and_attributed_not_fatal(tmp_path):
     path = write_scenario(tmp_path, {**LINE, "detector": {"name": "norm_zscore"}, "response": {"ban_after": 100}})
     faults = tuple(f"{kind}:{w}:{step}" for kind, (w, step) in FAULTS.items())
-    summary = launch(str(path), tmp_path / "out", nproc=4, options=Options(timeout_s=60, faults=faults), quiet=True,
-                     timeout_s=220, output=tmp_path / "out.log")
+    summary = launch(
+        str(path),
+        tmp_path / "out",
+        nproc=4,
+        options=Options(timeout_s=60, faults=faults),
+        quiet=True,
+        timeout_s=220,
+        output=tmp_path / "out.log",
+    )
     assert summary["training"]["steps"] == LINE["training"]["steps"]  # the run finished
     with open(tmp_path / "out" / "events.csv") as f:
         rows = list(csv.DictReader(f))
@@ -74,8 +85,15 @@ def test_killed_rank_ends_the_run_and_a_checkpoint_resumes_it(tmp_path):
     """
     long = write_scenario(tmp_path, {**LINE, "name": "long", "training": {**LINE["training"], "steps": 500}})
     out = tmp_path / "killed"
-    thread, result = _launch_in_thread(scenario_path=str(long), out=out, nproc=4, quiet=True, timeout_s=250,
-                                       options=Options(timeout_s=30, checkpoint_every=2), output=tmp_path / "k.log")
+    thread, result = _launch_in_thread(
+        scenario_path=str(long),
+        out=out,
+        nproc=4,
+        quiet=True,
+        timeout_s=250,
+        options=Options(timeout_s=30, checkpoint_every=2),
+        output=tmp_path / "k.log",
+    )
     _wait_for(lambda: (out / "checkpoints" / "step-000002" / "COMPLETE").is_file(), 200)
     os.kill(int((out / "ranks" / "rank2" / "pid").read_text()), signal.SIGKILL)  # hosts s1r0
     killed_at = time.monotonic()
@@ -89,8 +107,15 @@ def test_killed_rank_ends_the_run_and_a_checkpoint_resumes_it(tmp_path):
     assert len(partial.messages) >= 2 * 2 * 2 * 4 and len(partial.losses) >= 2 * 4
 
     short = write_scenario(tmp_path, LINE)  # same scenario, 5 steps
-    launch(str(short), tmp_path / "resumed", nproc=4, quiet=True, timeout_s=200, output=tmp_path / "r.log",
-           options=Options(timeout_s=60, resume=str(out / "checkpoints" / "step-000002")))
+    launch(
+        str(short),
+        tmp_path / "resumed",
+        nproc=4,
+        quiet=True,
+        timeout_s=200,
+        output=tmp_path / "r.log",
+        options=Options(timeout_s=60, resume=str(out / "checkpoints" / "step-000002")),
+    )
     assert_same_log(EventLog.load(tmp_path / "resumed"), sim_reference(short, [], tmp_path / "sim"))
 
 
@@ -99,8 +124,15 @@ def test_stalled_rank_is_named_after_the_timeout(tmp_path):
     path = write_scenario(tmp_path, {**LINE, "training": {**LINE["training"], "steps": 200}})
     t0 = time.monotonic()
     with pytest.raises(RunError, match=r"rank 2 \(worker s1r0\) stalled") as info:
-        launch(str(path), tmp_path / "out", nproc=4, options=Options(timeout_s=6, faults=("stall:s1r0:2",)),
-               quiet=True, timeout_s=180, output=tmp_path / "out.log")
+        launch(
+            str(path),
+            tmp_path / "out",
+            nproc=4,
+            options=Options(timeout_s=6, faults=("stall:s1r0:2",)),
+            quiet=True,
+            timeout_s=180,
+            output=tmp_path / "out.log",
+        )
     assert time.monotonic() - t0 < 180
     assert "step 2" in str(info.value)
     log = EventLog.load(tmp_path / "out")

@@ -40,8 +40,15 @@ def test_quickstart_on_five_processes_matches_sim(tmp_path):
 def test_attacked_and_defended_scenario_on_six_processes_matches_sim(tmp_path):
     """Same tampered messages, flags, bans and replacement; the replacement's state crosses ranks."""
     path = write_scenario(tmp_path, ATTACKED)
-    summary = launch(str(path), tmp_path / "dist", nproc=6, options=Options(timeout_s=60), quiet=True,
-                     timeout_s=280, output=tmp_path / "dist.log")
+    summary = launch(
+        str(path),
+        tmp_path / "dist",
+        nproc=6,
+        options=Options(timeout_s=60),
+        quiet=True,
+        timeout_s=280,
+        output=tmp_path / "dist.log",
+    )
     sim = sim_reference(path, [], tmp_path / "sim")
     dist_log = EventLog.load(tmp_path / "dist")
     assert_same_log(dist_log, sim)
@@ -59,39 +66,60 @@ def test_attacked_and_defended_scenario_on_six_processes_matches_sim(tmp_path):
 
 
 EVERY_FEATURE = {  # what the relay backend refused: asynchrony, sparse averaging, the subspace codec; and more
-    "name": "every_feature", "seed": 1,
+    "name": "every_feature",
+    "seed": 1,
     "model": {"layers": 3, "dim": 32, "heads": 2, "seq_len": 16},
     "data": {"source": "synthetic", "vocab": 32, "batch_size": 4, "val_batches": 2},
     "pipeline": {"stages": 3, "replicas": 3, "microbatches": 4, "schedule": "1f1b", "routing": "random"},
     "training": {"steps": 6, "lr": 3.0e-3, "warmup_steps": 2, "eval_every": 3},
-    "transport": {"codec": {"name": "subspace", "rate": 4, "project_weights": True},
-                  "async": {"max_staleness": 1, "lookahead": True}},
+    "transport": {
+        "codec": {"name": "subspace", "rate": 4, "project_weights": True},
+        "async": {"max_staleness": 1, "lookahead": True},
+    },
     "dp": {"sync": "sparse_avg", "sparse_avg": {"every": 2, "fraction": 0.5, "delay": 1}},
-    "adversary": {"placement": "explicit", "workers": ["s1r1"],
-                  "attacks": [{"name": "scaling", "role": "both", "start": 3, "alpha": -2.0}]},
+    "adversary": {
+        "placement": "explicit",
+        "workers": ["s1r1"],
+        "attacks": [{"name": "scaling", "role": "both", "start": 3, "alpha": -2.0}],
+    },
     "detector": {"name": "sentinel", "warmup_steps": 2, "min_history": 4},
 }
 COMPRESSED = {  # DP compression with a robust aggregator, random masking, byte-level text, a DP-axis attack
-    **EVERY_FEATURE, "name": "compressed", "seed": 2,
+    **EVERY_FEATURE,
+    "name": "compressed",
+    "seed": 2,
     "data": {"source": "text", "batch_size": 4, "val_batches": 2},
     "pipeline": {**EVERY_FEATURE["pipeline"], "schedule": "gpipe"},
     "transport": {"codec": {"name": "random_mask", "keep": 0.5}},
     "dp": {"compression": {"method": "low_rank", "rank": 2}, "aggregator": "median"},
-    "adversary": {"placement": "explicit", "workers": ["s1r1"],
-                  "attacks": [{"name": "delay", "role": "activation", "start": 2, "d": 1},
-                              {"name": "ipm", "role": "dp_gradient", "start": 1}]},
+    "adversary": {
+        "placement": "explicit",
+        "workers": ["s1r1"],
+        "attacks": [
+            {"name": "delay", "role": "activation", "start": 2, "d": 1},
+            {"name": "ipm", "role": "dp_gradient", "start": 1},
+        ],
+    },
     "response": {"replace_banned": True},
 }
 
 
 @pytest.mark.timeout(400)
-@pytest.mark.parametrize("data,nproc", [(EVERY_FEATURE, 7), (COMPRESSED, None)], ids=["async_sparse_subspace",
-                                                                                    "dp_compression_mask"])
+@pytest.mark.parametrize(
+    "data,nproc", [(EVERY_FEATURE, 7), (COMPRESSED, None)], ids=["async_sparse_subspace", "dp_compression_mask"]
+)
 def test_features_once_sim_only_match_sim(tmp_path, data, nproc):
     """Every engine feature runs on real processes with sim's numbers (nproc None: a verifier per boundary)."""
     path = write_scenario(tmp_path, data)
-    launch(str(path), tmp_path / "dist", nproc=nproc, options=Options(timeout_s=60), quiet=True, timeout_s=380,
-           output=tmp_path / "dist.log")
+    launch(
+        str(path),
+        tmp_path / "dist",
+        nproc=nproc,
+        options=Options(timeout_s=60),
+        quiet=True,
+        timeout_s=380,
+        output=tmp_path / "dist.log",
+    )
     sim = sim_reference(path, [], tmp_path / "sim")
     assert_same_log(EventLog.load(tmp_path / "dist"), sim)
     assert len(sim.ground_truth) > 0 and len(sim.verdicts) > 0  # not vacuous

@@ -26,8 +26,9 @@ QUICKSTART = Path(__file__).resolve().parents[2] / "scenarios" / "quickstart.yam
 
 
 # -- mapping -------------------------------------------------------------------------------------------
-@pytest.mark.parametrize("S,R,N", [(4, 2, 5), (4, 2, 7), (4, 2, 11), (3, 3, 6), (3, 3, 8), (2, 5, 4), (1, 1, 2),
-                                   (16, 11, 191)])
+@pytest.mark.parametrize(
+    "S,R,N", [(4, 2, 5), (4, 2, 7), (4, 2, 11), (3, 3, 6), (3, 3, 8), (2, 5, 4), (1, 1, 2), (16, 11, 191)]
+)
 def test_every_worker_has_one_rank_and_every_rank_one_stage(S, R, N):
     m = RankMap(S, R, N)
     workers = WorkerTable(S, R)
@@ -117,7 +118,9 @@ def test_fault_specs_are_validated():
 
 # -- merge ---------------------------------------------------------------------------------------------
 def _msg(log, step, mb, boundary, role, sender, receiver):
-    m = Message(step, mb, boundary, Role(role), sender, receiver, torch.zeros(1), wire_bytes=4, msg_id=len(log.messages))
+    m = Message(
+        step, mb, boundary, Role(role), sender, receiver, torch.zeros(1), wire_bytes=4, msg_id=len(log.messages)
+    )
     log.log_message(m)
     return m
 
@@ -164,7 +167,16 @@ def test_canonical_order_does_not_depend_on_logging_order():
         shuffled = rows[:]
         random.Random(seed).shuffle(shuffled)
         for step, mb, b, role in shuffled:
-            m = Message(step, mb, b, Role(role), "s1r0", "s0r0", torch.zeros(1), msg_id=message_id(step, mb, b, Role(role), 3, 3))
+            m = Message(
+                step,
+                mb,
+                b,
+                Role(role),
+                "s1r0",
+                "s0r0",
+                torch.zeros(1),
+                msg_id=message_id(step, mb, b, Role(role), 3, 3),
+            )
             log.log_message(m)
             if mb == 1:
                 log.log_tamper(m, "bias" if role else "scaling", 1.0)
@@ -178,9 +190,17 @@ def test_canonical_order_does_not_depend_on_logging_order():
 
 # -- what the dist backend refuses, and the CLI ------------------------------------------------------------
 def test_the_dist_backend_refuses_no_scenario_feature():
-    for overrides in ((), ("detector.name=duplication",), ("transport.async.max_staleness=2",),
-                      ("pipeline.replicas=3", "adversary.fraction=0.34", "detector.name=sentinel",
-                       "adversary.attacks=[{name: intermittent, attack: fence_evasion}]")):
+    for overrides in (
+        (),
+        ("detector.name=duplication",),
+        ("transport.async.max_staleness=2",),
+        (
+            "pipeline.replicas=3",
+            "adversary.fraction=0.34",
+            "detector.name=sentinel",
+            "adversary.attacks=[{name: intermittent, attack: fence_evasion}]",
+        ),
+    ):
         check_supported(tiny(*overrides))
 
 
@@ -208,5 +228,11 @@ def test_verdict_records_cross_processes_with_their_pvalues():
     msg = Message(3, 1, 2, Role.GRADIENT, "s3r0", "s2r1", torch.ones(1), msg_id=17)
     for v in (Verdict({"l1": 0.5}, True, frozenset({Marker.OUTLIER}), 1.5e-300, 0.25), Verdict({}, False)):
         m2, v2 = _record_from_json(json.loads(json.dumps(_record_to_json(msg, v))))
-        assert v2 == v and (m2.step, m2.mb_idx, m2.boundary, m2.role, m2.sender, m2.msg_id) == (3, 1, 2, Role.GRADIENT,
-                                                                                                "s3r0", 17)
+        assert v2 == v and (m2.step, m2.mb_idx, m2.boundary, m2.role, m2.sender, m2.msg_id) == (
+            3,
+            1,
+            2,
+            Role.GRADIENT,
+            "s3r0",
+            17,
+        )

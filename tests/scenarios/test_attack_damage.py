@@ -46,7 +46,9 @@ def _final_val_loss(attack: str | None = None, role: str | None = None) -> float
     data = copy.deepcopy(BASE)
     if attack is not None:
         data["adversary"] = {
-            "placement": "explicit", "workers": ["s2r0"], "allow_dishonest_majority": True,  # 1 of 1 replica
+            "placement": "explicit",
+            "workers": ["s2r0"],
+            "allow_dishonest_majority": True,  # 1 of 1 replica
             "attacks": [{"name": attack, "role": role, "start": 2, **PARAMS.get(attack, {})}],
         }
     engine = build_engine(scenario.validate(data))

@@ -20,8 +20,13 @@ from tests.conftest import tiny
 
 LIBRARY = Path(__file__).resolve().parents[2] / "scenarios" / "compression"
 CODEC_SETTINGS = {
-    "identity": "{name: identity}", "fp16": "{name: fp16}", "bf16": "{name: bf16}", "int8": "{name: int8}",
-    "int4": "{name: int4}", "topk": "{name: topk, fraction: 0.1}", "random_mask": "{name: random_mask, keep: 0.05}",
+    "identity": "{name: identity}",
+    "fp16": "{name: fp16}",
+    "bf16": "{name: bf16}",
+    "int8": "{name: int8}",
+    "int4": "{name: int4}",
+    "topk": "{name: topk, fraction: 0.1}",
+    "random_mask": "{name: random_mask, keep: 0.05}",
     "subspace": "{name: subspace, rate: 4}",
 }
 
@@ -48,8 +53,14 @@ def test_codec_trains_and_charges_exact_bytes(name):
 
 def test_identity_codec_and_network_clock_leave_numbers_bit_identical():
     a = SimEngine(tiny("pipeline.replicas=2", "transport.network.enabled=false"))
-    b = SimEngine(tiny("pipeline.replicas=2", "transport.network.preset=heterogeneous", "transport.network.jitter_ms=30",
-                       "transport.network.compute=measured"))
+    b = SimEngine(
+        tiny(
+            "pipeline.replicas=2",
+            "transport.network.preset=heterogeneous",
+            "transport.network.jitter_ms=30",
+            "transport.network.compute=measured",
+        )
+    )
     assert steps(a, 3) == steps(b, 3)
     assert all(torch.equal(x, y) for x, y in zip(a.parameters().values(), b.parameters().values()))
     assert a.hooks == [] and network_report(b)["sim_time_s"] > 0
@@ -99,8 +110,14 @@ def test_subspace_with_weight_projection_is_lossless(project, lossless):
 
 def test_random_mask_links_dominated_throughput_ratio():
     """Same engine run, 20x fewer bytes per message: the simulated tokens/s ratio follows the link model."""
-    over = ("model.dim=64", "model.seq_len=32", "data.batch_size=8", "training.steps=2",
-            "transport.network.bandwidth_mbps=5", "transport.network.latency_ms=1")
+    over = (
+        "model.dim=64",
+        "model.seq_len=32",
+        "data.batch_size=8",
+        "training.steps=2",
+        "transport.network.bandwidth_mbps=5",
+        "transport.network.latency_ms=1",
+    )
     dense, masked = SimEngine(tiny(*over)), SimEngine(tiny(*over, "transport.codec={name: random_mask, keep: 0.05}"))
     steps(dense, 2)
     steps(masked, 2)
@@ -140,12 +157,21 @@ def test_schema_errors_are_located():
 MAL = ("pipeline.replicas=3", "adversary.placement=explicit", "adversary.workers=[s1r0]", "pipeline.routing=fixed")
 
 
-@pytest.mark.parametrize("codec,attack", [("{name: random_mask, keep: 0.1}", "mask_seed"),
-                                          ("int8", "quant_scale"), ("{name: topk, fraction: 0.2}", "topk_index"),
-                                          ("{name: subspace, rate: 4}", "subspace_coeff")])
+@pytest.mark.parametrize(
+    "codec,attack",
+    [
+        ("{name: random_mask, keep: 0.1}", "mask_seed"),
+        ("int8", "quant_scale"),
+        ("{name: topk, fraction: 0.2}", "topk_index"),
+        ("{name: subspace, rate: 4}", "subspace_coeff"),
+    ],
+)
 def test_post_codec_attacks_tamper_the_wire(codec, attack):
-    sc = tiny(*MAL, f"transport.codec={codec}",
-              f"adversary.attacks=[{{name: {attack}, role: activation, placement: post_codec, start: 1}}]")
+    sc = tiny(
+        *MAL,
+        f"transport.codec={codec}",
+        f"adversary.attacks=[{{name: {attack}, role: activation, placement: post_codec, start: 1}}]",
+    )
     eng = runner.build_engine(sc)
     steps(eng, 2)
     gt = eng.log.ground_truth

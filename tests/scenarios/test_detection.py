@@ -14,8 +14,9 @@ PAPER = Path(__file__).resolve().parents[2] / "scenarios" / "paper"
 
 
 def run(name: str, *overrides: str):
-    sc = scenario.load(PAPER / f"{name}.yaml", ["detector.name=sentinel", "scoring.twins=[]", "training.steps=40",
-                                                *overrides])
+    sc = scenario.load(
+        PAPER / f"{name}.yaml", ["detector.name=sentinel", "scoring.twins=[]", "training.steps=40", *overrides]
+    )
     engine = build_engine(sc)
     engine.run()
     return engine, malicious_workers(engine)

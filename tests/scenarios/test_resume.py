@@ -25,14 +25,20 @@ REPO = Path(__file__).resolve().parents[2]
 # replacement), an attack with a replay buffer, asynchrony with look-ahead (weight queues), compressed DP sync
 # (error feedback) and the network clock.
 BUSY = {
-    "name": "busy", "seed": 5,
+    "name": "busy",
+    "seed": 5,
     "model": {"layers": 3, "dim": 32, "heads": 2, "seq_len": 16},
     "data": {"source": "synthetic", "vocab": 32, "batch_size": 4, "val_batches": 2},
     "pipeline": {"stages": 3, "replicas": 3, "microbatches": 4, "schedule": "1f1b", "routing": "random"},
     "training": {"steps": 30, "lr": 3.0e-3, "warmup_steps": 2, "eval_every": 10},
-    "adversary": {"placement": "explicit", "workers": ["s1r2"],
-                  "attacks": [{"name": "delay", "role": "activation", "start": 6, "d": 3},
-                              {"name": "scaling", "role": "gradient", "start": 9, "alpha": -3.0}]},
+    "adversary": {
+        "placement": "explicit",
+        "workers": ["s1r2"],
+        "attacks": [
+            {"name": "delay", "role": "activation", "start": 6, "d": 3},
+            {"name": "scaling", "role": "gradient", "start": 9, "alpha": -3.0},
+        ],
+    },
     "detector": {"name": "sentinel", "warmup_steps": 3, "min_history": 6},
     "response": {"replace_banned": True},
     "dp": {"compression": {"method": "topk", "fraction": 0.2}},
@@ -55,8 +61,18 @@ def test_a_killed_run_resumes_exactly(tmp_path):
     path = tmp_path / "busy.yaml"
     path.write_text(yaml.safe_dump(BUSY, sort_keys=False))
     killed = tmp_path / "killed"
-    cmd = [sys.executable, "-m", "sentinel.cli", "run", str(path), "--out", str(killed), "--quiet",
-           "--checkpoint-every", "4"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "sentinel.cli",
+        "run",
+        str(path),
+        "--out",
+        str(killed),
+        "--quiet",
+        "--checkpoint-every",
+        "4",
+    ]
     env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
     proc = subprocess.Popen(cmd, env=env, cwd=REPO)
     deadline = time.monotonic() + 300
@@ -98,8 +114,11 @@ class Unsaveable(Attack):
 
 def test_a_plug_in_without_state_support_refuses_checkpoints_with_its_name(tmp_path, capsys):
     path = tmp_path / "u.yaml"
-    data = {**BUSY, "training": {**BUSY["training"], "steps": 2},
-            "adversary": {**BUSY["adversary"], "attacks": [{"name": "test_unsaveable"}]}}
+    data = {
+        **BUSY,
+        "training": {**BUSY["training"], "steps": 2},
+        "adversary": {**BUSY["adversary"], "attacks": [{"name": "test_unsaveable"}]},
+    }
     path.write_text(yaml.safe_dump(data, sort_keys=False))
     assert main(["run", str(path), "--out", str(tmp_path / "o"), "--quiet", "--checkpoint-every", "1"]) == 2
     err = capsys.readouterr().err

@@ -18,8 +18,16 @@ def make(name: str, **params):
 
 
 def ctx(step=0, mb=0, worker="s1r0", since=None, **kw) -> AttackContext:
-    return AttackContext(step=step, mb_idx=mb, boundary=1, role=Role.ACTIVATION, worker=worker, seed=11,
-                         since=step if since is None else since, **kw)
+    return AttackContext(
+        step=step,
+        mb_idx=mb,
+        boundary=1,
+        role=Role.ACTIVATION,
+        worker=worker,
+        seed=11,
+        since=step if since is None else since,
+        **kw,
+    )
 
 
 def honest(i: int) -> torch.Tensor:

@@ -62,8 +62,13 @@ def test_layer_exposes_sorted_malicious_and_replacements_are_honest():
 
 
 def test_first_matching_attack_wins_and_every_one_is_logged_once():
-    sc = sc_with({"placement": "explicit", "workers": ["s1r0"],
-                  "attacks": [{"name": "bias", "b": 1.0, "every": 2}, {"name": "scaling", "alpha": 3.0}]})
+    sc = sc_with(
+        {
+            "placement": "explicit",
+            "workers": ["s1r0"],
+            "attacks": [{"name": "bias", "b": 1.0, "every": 2}, {"name": "scaling", "alpha": 3.0}],
+        }
+    )
     layer, _, log = layer_for(sc)
     for step in range(4):
         msg = Message(step, 0, 1, Role.ACTIVATION, "s1r0", "s2r0", torch.ones(3), msg_id=step)
@@ -85,8 +90,14 @@ def test_prob_draw_is_seeded_by_message_identity():
 
 
 def test_post_codec_tampers_with_the_identity_codecs_wire_tensor():
-    sc = sc_with({"placement": "explicit", "workers": ["s1r0"],
-                  "attacks": [{"name": "scaling", "alpha": -2.0, "placement": "post_codec"}]}, seed=0)
+    sc = sc_with(
+        {
+            "placement": "explicit",
+            "workers": ["s1r0"],
+            "attacks": [{"name": "scaling", "alpha": -2.0, "placement": "post_codec"}],
+        },
+        seed=0,
+    )
     layer, workers, log = layer_for(sc)
     records = drive(layer, sc, workers, log, steps=2)
     hit = [r for r in records if r.sender == "s1r0" and r.role == Role.ACTIVATION]
@@ -95,8 +106,13 @@ def test_post_codec_tampers_with_the_identity_codecs_wire_tensor():
 
 
 def test_post_codec_on_an_unregistered_codec_touches_only_float_wire_tensors():
-    sc = sc_with({"placement": "explicit", "workers": ["s1r0"],
-                  "attacks": [{"name": "constant", "value": 0.0, "placement": "post_codec"}]})
+    sc = sc_with(
+        {
+            "placement": "explicit",
+            "workers": ["s1r0"],
+            "attacks": [{"name": "constant", "value": 0.0, "placement": "post_codec"}],
+        }
+    )
     layer, _, log = layer_for(sc)
     layer.codec_names[Role.ACTIVATION] = "some_sparse_codec"
     msg = Message(0, 0, 1, Role.ACTIVATION, "s1r0", "s2r0", torch.ones(4))
@@ -130,9 +146,14 @@ def tiny_engine(adversary: dict, **sections):
 
 
 def test_dp_gradient_attack_is_logged_with_no_message_id():
-    engine = tiny_engine({"placement": "explicit", "workers": ["s1r0"],
-                          "attacks": [{"name": "scaling", "role": "dp_gradient", "alpha": -5.0}]},
-                         pipeline={"stages": 4, "replicas": 3, "microbatches": 3, "routing": "fixed"})
+    engine = tiny_engine(
+        {
+            "placement": "explicit",
+            "workers": ["s1r0"],
+            "attacks": [{"name": "scaling", "role": "dp_gradient", "alpha": -5.0}],
+        },
+        pipeline={"stages": 4, "replicas": 3, "microbatches": 3, "routing": "fixed"},
+    )
     engine.run()
     gt = engine.log.ground_truth
     assert len(gt) == 3  # one DP contribution per step
@@ -141,13 +162,22 @@ def test_dp_gradient_attack_is_logged_with_no_message_id():
 
 
 def test_target_corruption_logs_the_last_stages_gradients():
-    engine = tiny_engine({"placement": "explicit", "workers": ["s3r0"], "protect": ["first"],
-                          "attacks": [{"name": "target_corruption", "role": "gradient", "start": 1}]},
-                         pipeline={"stages": 4, "replicas": 3, "microbatches": 4, "routing": "fixed"})
+    engine = tiny_engine(
+        {
+            "placement": "explicit",
+            "workers": ["s3r0"],
+            "protect": ["first"],
+            "attacks": [{"name": "target_corruption", "role": "gradient", "start": 1}],
+        },
+        pipeline={"stages": 4, "replicas": 3, "microbatches": 4, "routing": "fixed"},
+    )
     engine.run()
     gt, m = engine.log.ground_truth, engine.log.messages
-    expected = [int(i) for i, s, r, snd in zip(m["id"], m["step"], m["role"], m["sender"])
-                if s >= 1 and r == int(Role.GRADIENT) and engine.log.workers[snd] == "s3r0"]
+    expected = [
+        int(i)
+        for i, s, r, snd in zip(m["id"], m["step"], m["role"], m["sender"])
+        if s >= 1 and r == int(Role.GRADIENT) and engine.log.workers[snd] == "s3r0"
+    ]
     assert sorted(gt["msg"].tolist()) == expected and len(expected) == 4  # mb 0 and 3 on r0, steps 1 and 2
     assert np.isnan(gt["norm_ratio"]).all()
 
@@ -188,8 +218,10 @@ def test_undo_pair_hides_the_perturbation_from_the_next_boundary():
 
 
 def test_same_direction_colluders_share_one_direction():
-    sc = sc_with({"fraction": 0.4, "attacks": [{"name": "same_direction", "strength": 0.5}]},
-                 pipeline={"stages": 4, "replicas": 5, "microbatches": 2})
+    sc = sc_with(
+        {"fraction": 0.4, "attacks": [{"name": "same_direction", "strength": 0.5}]},
+        pipeline={"stages": 4, "replicas": 5, "microbatches": 2},
+    )
     layer, _, _ = layer_for(sc)
     deltas = []
     for wid in [w for w in layer.malicious if w.startswith("s1")]:

@@ -117,9 +117,26 @@ def test_entry_point_attack_works_in_scenarios_and_the_cli(scratch_registry, mon
 
 
 def test_cli_lists_and_describes_every_attack_of_the_library(capsys):
-    names = ["constant", "random", "scaling", "random_sign", "bias", "delay", "invisible_noise", "alie", "ipm",
-             "replay_other", "target_corruption", "fence_evasion", "slow_drift", "warmup_poisoning", "intermittent",
-             "sparse", "same_direction", "undo_pair"]
+    names = [
+        "constant",
+        "random",
+        "scaling",
+        "random_sign",
+        "bias",
+        "delay",
+        "invisible_noise",
+        "alie",
+        "ipm",
+        "replay_other",
+        "target_corruption",
+        "fence_evasion",
+        "slow_drift",
+        "warmup_poisoning",
+        "intermittent",
+        "sparse",
+        "same_direction",
+        "undo_pair",
+    ]
     assert cli.main(["list", "attacks"]) == 0
     lines = {ln.split()[0]: ln for ln in capsys.readouterr().out.splitlines()[1:] if ln.strip()}
     for name in names:

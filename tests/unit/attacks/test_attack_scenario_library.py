@@ -28,8 +28,19 @@ def test_paper_library_has_both_directions_of_every_paper_attack_and_the_mixed_s
     assert len({a.name for a in mixed.adversary.attacks}) >= 3 and len({a.role for a in mixed.adversary.attacks}) == 2
 
 
-LIBRARY = ["alie", "ipm", "replay_other", "target_corruption", "fence_evasion", "slow_drift", "warmup_poisoning",
-           "intermittent", "sparse", "same_direction", "undo_pair"]
+LIBRARY = [
+    "alie",
+    "ipm",
+    "replay_other",
+    "target_corruption",
+    "fence_evasion",
+    "slow_drift",
+    "warmup_poisoning",
+    "intermittent",
+    "sparse",
+    "same_direction",
+    "undo_pair",
+]
 
 
 def test_every_literature_adaptive_and_collusion_attack_has_a_scenario():

@@ -37,13 +37,21 @@ def test_valid_base_passes():
 
 
 def test_unknown_attack_with_did_you_mean():
-    _one(_problems(attacks=[{"name": "scalng"}]), "adversary.attacks[0].name", "unknown attacks 'scalng'",
-         "did you mean 'scaling'")
+    _one(
+        _problems(attacks=[{"name": "scalng"}]),
+        "adversary.attacks[0].name",
+        "unknown attacks 'scalng'",
+        "did you mean 'scaling'",
+    )
 
 
 def test_unknown_parameter_with_did_you_mean():
-    _one(_problems(attacks=[{"name": "scaling", "alpah": 2}]), "adversary.attacks[0].alpah",
-         "unknown key 'alpah'", "did you mean 'alpha'")
+    _one(
+        _problems(attacks=[{"name": "scaling", "alpah": 2}]),
+        "adversary.attacks[0].alpah",
+        "unknown key 'alpah'",
+        "did you mean 'alpha'",
+    )
 
 
 def test_negative_probability():
@@ -55,8 +63,13 @@ def test_parameter_out_of_range():
 
 
 def test_unsupported_role():
-    _one(_problems(attacks=[{"name": "scaling"}, {"name": "replay_other", "role": "dp_gradient"}]),
-         "adversary.attacks[1].role", "replay_other", "does not support role 'dp_gradient'", "activation, gradient")
+    _one(
+        _problems(attacks=[{"name": "scaling"}, {"name": "replay_other", "role": "dp_gradient"}]),
+        "adversary.attacks[1].role",
+        "replay_other",
+        "does not support role 'dp_gradient'",
+        "activation, gradient",
+    )
 
 
 def test_fraction_above_one():
@@ -85,8 +98,11 @@ def test_explicit_workers_must_exist_and_not_be_protected():
 
 
 def test_explicit_honest_majority_per_stage():
-    _one(_problems(fraction=0.0, placement="explicit", workers=["s1r0", "s1r1"]), "adversary.workers",
-         "stage 1 has 2 malicious of 3")
+    _one(
+        _problems(fraction=0.0, placement="explicit", workers=["s1r0", "s1r1"]),
+        "adversary.workers",
+        "stage 1 has 2 malicious of 3",
+    )
 
 
 def test_fields_of_the_other_placement_are_rejected():
@@ -95,32 +111,52 @@ def test_fields_of_the_other_placement_are_rejected():
 
 
 def test_attack_workers_must_be_malicious():
-    _one(_problems(fraction=0.0, placement="explicit", workers=["s1r0"],
-                   attacks=[{"name": "bias", "workers": ["s2r0"]}]),
-         "adversary.attacks[0].workers[0]", "'s2r0' is not a malicious worker")
+    _one(
+        _problems(
+            fraction=0.0, placement="explicit", workers=["s1r0"], attacks=[{"name": "bias", "workers": ["s2r0"]}]
+        ),
+        "adversary.attacks[0].workers[0]",
+        "'s2r0' is not a malicious worker",
+    )
 
 
 def test_target_corruption_needs_the_last_stage_unprotected():
-    _one(_problems(attacks=[{"name": "target_corruption", "role": "gradient"}]), "adversary.protect",
-         "target_corruption", "remove 'last'")
+    _one(
+        _problems(attacks=[{"name": "target_corruption", "role": "gradient"}]),
+        "adversary.protect",
+        "target_corruption",
+        "remove 'last'",
+    )
     data = copy.deepcopy(BASE)
-    data["adversary"] = {"fraction": 0.34, "protect": ["first"],
-                         "attacks": [{"name": "target_corruption", "role": "gradient"}]}
+    data["adversary"] = {
+        "fraction": 0.34,
+        "protect": ["first"],
+        "attacks": [{"name": "target_corruption", "role": "gradient"}],
+    }
     assert scenario.validate(data).adversary.protect == ("first",)
 
 
 def test_schedule_that_never_acts():
-    problems = _problems(attacks=[{"name": "bias", "start": 10, "stop": 5}, {"name": "bias", "every": 2, "duty": 3},
-                                  {"name": "bias", "start": 500}])
+    problems = _problems(
+        attacks=[
+            {"name": "bias", "start": 10, "stop": 5},
+            {"name": "bias", "every": 2, "duty": 3},
+            {"name": "bias", "start": 500},
+        ]
+    )
     _one(problems, "adversary.attacks[0].stop", "must be > start")
     _one(problems, "adversary.attacks[1].duty", "<= every")
     _one(problems, "adversary.attacks[2].start", "never acts")
 
 
 def test_wrapped_attack_parameters_are_located():
-    problems = _problems(attacks=[{"name": "intermittent", "attack": "scaling", "params": {"alpah": 2}},
-                                  {"name": "sparse", "attack": "scalin"},
-                                  {"name": "sparse", "attack": "replay_other", "role": "dp_gradient"}])
+    problems = _problems(
+        attacks=[
+            {"name": "intermittent", "attack": "scaling", "params": {"alpah": 2}},
+            {"name": "sparse", "attack": "scalin"},
+            {"name": "sparse", "attack": "replay_other", "role": "dp_gradient"},
+        ]
+    )
     _one(problems, "adversary.attacks[0].params.alpah", "did you mean 'alpha'")
     _one(problems, "adversary.attacks[1].attack", "did you mean 'scaling'")
     _one(problems, "adversary.attacks[2].role", "replay_other")

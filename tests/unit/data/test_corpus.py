@@ -83,7 +83,9 @@ def _validate(tmp_path, capsys, data_section: dict, **model) -> str:
 
 def test_an_empty_corpus(tmp_path, capsys):
     (tmp_path / "e.txt").write_text("")
-    assert f"data.path: {tmp_path / 'e.txt'} has 0 bytes" in _validate(tmp_path, capsys, {"path": str(tmp_path / "e.txt")})
+    assert f"data.path: {tmp_path / 'e.txt'} has 0 bytes" in _validate(
+        tmp_path, capsys, {"path": str(tmp_path / "e.txt")}
+    )
     (tmp_path / "d").mkdir()
     assert "holds no files" in _validate(tmp_path, capsys, {"path": str(tmp_path / "d")})
 

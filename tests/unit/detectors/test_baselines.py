@@ -59,8 +59,14 @@ def test_recomputation_detectors_on_a_tiny_run(tiny_scenario, name):
     from sentinel.runner import build_engine
 
     extra = ["detector.p=1.0"] if name != "duplication" else []
-    sc = tiny_scenario("pipeline.replicas=3", f"detector.name={name}", *extra, "training.steps=4",
-                       "adversary.fraction=0.34", "adversary.attacks=[{name: scaling, role: both, start: 2, alpha: 1.01}]")
+    sc = tiny_scenario(
+        "pipeline.replicas=3",
+        f"detector.name={name}",
+        *extra,
+        "training.steps=4",
+        "adversary.fraction=0.34",
+        "adversary.attacks=[{name: scaling, role: both, start: 2, alpha: 1.01}]",
+    )
     engine = build_engine(sc)
     engine.run()
     log, v = engine.log, engine.log.verdicts
@@ -76,9 +82,14 @@ def test_recomputation_detectors_on_a_tiny_run(tiny_scenario, name):
 def test_duplication_substitutes_the_honest_tensor(tiny_scenario):
     from sentinel.runner import build_engine
 
-    sc = tiny_scenario("pipeline.replicas=3", "detector.name=duplication", "response.on_flag=substitute",
-                       "training.steps=3", "adversary.fraction=0.34",
-                       "adversary.attacks=[{name: scaling, role: activation, start: 1, alpha: 3.0}]")
+    sc = tiny_scenario(
+        "pipeline.replicas=3",
+        "detector.name=duplication",
+        "response.on_flag=substitute",
+        "training.steps=3",
+        "adversary.fraction=0.34",
+        "adversary.attacks=[{name: scaling, role: activation, start: 1, alpha: 3.0}]",
+    )
     engine = build_engine(sc)
     pairs = []
     responder = engine.responder

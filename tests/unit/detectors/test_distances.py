@@ -74,8 +74,9 @@ def test_projections_are_seeded_unit_vectors():
 
 def test_full_pooling_compares_whole_tensors(proj):
     x = _payload(5)
-    d = dict(zip(DISTANCES, distances(signature(x.flip(0), proj, "full"), _baseline_of(x, proj, "full").view(),
-                                      DISTANCES)))
+    d = dict(
+        zip(DISTANCES, distances(signature(x.flip(0), proj, "full"), _baseline_of(x, proj, "full").view(), DISTANCES))
+    )
     assert d["l1"] > 0.1  # token order matters for full pooling
     d_mean = distances(signature(x.flip(0), proj, "token_mean"), _baseline_of(x, proj).view(), DISTANCES)
     assert d_mean[0] == pytest.approx(0.0, abs=1e-6)  # ...and not for the token mean
@@ -166,8 +167,9 @@ def test_token_clip_caps_huge_tokens_and_keeps_their_direction(proj):
     keep = np.arange(64) != 3
     np.testing.assert_array_equal(got[: x.size].reshape(x.shape)[keep], x[keep])
     zeros = torch.zeros(8, 16)
-    np.testing.assert_array_equal(signature(zeros, proj, "token_mean", token_clip=10.0),
-                                  signature(zeros, proj, "token_mean"))
+    np.testing.assert_array_equal(
+        signature(zeros, proj, "token_mean", token_clip=10.0), signature(zeros, proj, "token_mean")
+    )
 
 
 def test_token_clip_bounds_the_signature_shift_of_one_huge_token(proj):
@@ -176,7 +178,9 @@ def test_token_clip_bounds_the_signature_shift_of_one_huge_token(proj):
     spiked[0, 0] *= 1e6
     base = signature(x, proj, "token_mean")
     off = np.abs(signature(spiked, proj, "token_mean") - base).max()
-    on = np.abs(signature(spiked, proj, "token_mean", token_clip=10.0) - signature(x, proj, "token_mean", token_clip=10.0)).max()
+    on = np.abs(
+        signature(spiked, proj, "token_mean", token_clip=10.0) - signature(x, proj, "token_mean", token_clip=10.0)
+    ).max()
     assert off > 1e4 and on < 10.0
 
 

@@ -81,14 +81,16 @@ def reference_distances(sig, base):
     p = sig[L.pooled]
     diff = p - base.pooled
     s = sig[L.skew]
-    return np.array([
-        np.abs(diff).mean(),
-        np.sqrt(diff @ diff) * base.inv_rms,
-        np.count_nonzero(np.sign(p) != base.pooled_sign) / p.shape[0],
-        np.abs(sig[L.quant] - base.quant).mean(),
-        np.sqrt((diff * diff * base.inv_var).mean()),
-        1.0 - (s @ base.skew) / max(np.sqrt(s @ s) * base.skew_norm, 1e-30),
-    ])
+    return np.array(
+        [
+            np.abs(diff).mean(),
+            np.sqrt(diff @ diff) * base.inv_rms,
+            np.count_nonzero(np.sign(p) != base.pooled_sign) / p.shape[0],
+            np.abs(sig[L.quant] - base.quant).mean(),
+            np.sqrt((diff * diff * base.inv_var).mean()),
+            1.0 - (s @ base.skew) / max(np.sqrt(s @ s) * base.skew_norm, 1e-30),
+        ]
+    )
 
 
 def test_distances_agree_with_numpy_to_rounding():

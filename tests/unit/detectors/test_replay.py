@@ -41,8 +41,11 @@ def test_coarse_honest_values_do_not_look_like_replays():
     # bfloat16 values repeat by chance at the same position; chance matches are spread over many messages
     gen = torch.Generator().manual_seed(1)
     mem = SparseReplayMemory(seed=0)
-    flags = [mem.seen_before((1, 0), _masked(_honest(gen, s), s, mb, keep=0.1, dtype="bfloat16"))
-             for s in range(60) for mb in range(4)]
+    flags = [
+        mem.seen_before((1, 0), _masked(_honest(gen, s), s, mb, keep=0.1, dtype="bfloat16"))
+        for s in range(60)
+        for mb in range(4)
+    ]
     assert not any(flags)
     x = _honest(gen, 0)
     mem.seen_before((1, 0), _masked(x, 61, 0, keep=0.1, dtype="bfloat16"))

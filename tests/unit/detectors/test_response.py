@@ -113,8 +113,13 @@ def test_last_replica_of_a_stage_is_never_banned_without_replacement():
 
 def route(step_idx, mb, senders, flag_last=False):
     """A microbatch's messages along a route; optionally the last one flagged."""
-    return [(Message(step_idx, mb, i, Role.ACTIVATION, w, "x", torch.ones(2, 2)),
-             FLAG if (flag_last and i == len(senders) - 1) else OK) for i, w in enumerate(senders)]
+    return [
+        (
+            Message(step_idx, mb, i, Role.ACTIVATION, w, "x", torch.ones(2, 2)),
+            FLAG if (flag_last and i == len(senders) - 1) else OK,
+        )
+        for i, w in enumerate(senders)
+    ]
 
 
 def test_route_attribution_bans_the_upstream_attacker_not_the_contaminated_downstream():
@@ -134,8 +139,9 @@ def test_route_attribution_bans_the_upstream_attacker_not_the_contaminated_downs
 def test_isolated_honest_flags_do_not_ban():
     r, mesh = responder()
     for n in range(30):
-        records = [rec for mb in range(3) for rec in route(n, mb, [f"s0r{mb}", f"s1r{mb}"],
-                                                          flag_last=(n % 9 == 0 and mb == 1))]
+        records = [
+            rec for mb in range(3) for rec in route(n, mb, [f"s0r{mb}", f"s1r{mb}"], flag_last=(n % 9 == 0 and mb == 1))
+        ]
         step(r, mesh, n, records)
     assert not mesh.bans
 
@@ -163,8 +169,13 @@ def test_the_response_policy_cannot_reach_ground_truth(tiny_scenario):
     from sentinel.eventlog import EventLog
     from sentinel.runner import build_engine
 
-    sc = tiny_scenario("pipeline.replicas=3", "detector.name=sentinel", "adversary.placement=explicit",
-                       "adversary.workers=[s1r0]", "adversary.attacks=[{name: scaling, role: both}]")
+    sc = tiny_scenario(
+        "pipeline.replicas=3",
+        "detector.name=sentinel",
+        "adversary.placement=explicit",
+        "adversary.workers=[s1r0]",
+        "adversary.attacks=[{name: scaling, role: both}]",
+    )
     engine = build_engine(sc)
     assert isinstance(engine.adversary, AdversaryLayer)
     for root in (engine.responder, *engine.verifiers.values()):
@@ -174,7 +185,9 @@ def test_the_response_policy_cannot_reach_ground_truth(tiny_scenario):
             if id(obj) in seen or isinstance(obj, (type, types.ModuleType, torch.Tensor)):
                 continue
             seen.add(id(obj))
-            assert not isinstance(obj, (EventLog, AdversaryLayer)), f"{type(root).__name__} reaches {type(obj).__name__}"
+            assert not isinstance(obj, (EventLog, AdversaryLayer)), (
+                f"{type(root).__name__} reaches {type(obj).__name__}"
+            )
             if isinstance(obj, types.FunctionType):  # what a function holds, not the module it was defined in
                 todo.extend([c.cell_contents for c in obj.__closure__ or ()] + list(obj.__defaults__ or ()))
             elif isinstance(obj, types.MethodType):
@@ -227,8 +240,9 @@ def test_pairwise_pvalues_are_mann_whitney_tests():
         for i in range(3):
             for j in range(3):
                 if i != j:
-                    ref = mannwhitneyu(values[owner == i, s], values[owner == j, s], alternative="greater",
-                                       method="asymptotic").pvalue
+                    ref = mannwhitneyu(
+                        values[owner == i, s], values[owner == j, s], alternative="greater", method="asymptotic"
+                    ).pvalue
                     assert p[s, i, j] == pytest.approx(ref, rel=1e-9)
     assert (p[:, 2, 0] < 0.05).all()  # the shifted group stands out
 
@@ -243,15 +257,25 @@ def test_pairwise_pvalues_split_ties_as_scipy_does():
 
     rng = np.random.default_rng(1)
     owner = np.repeat(np.arange(3), [30, 25, 40])
-    values = np.stack([rng.choice([0.0, 0.0, 0.0, 1 / 64, 2 / 64], size=95), rng.integers(0, 3, size=95) * 1.0,
-                       np.zeros(95), rng.normal(size=95)], axis=1)
+    values = np.stack(
+        [
+            rng.choice([0.0, 0.0, 0.0, 1 / 64, 2 / 64], size=95),
+            rng.integers(0, 3, size=95) * 1.0,
+            np.zeros(95),
+            rng.normal(size=95),
+        ],
+        axis=1,
+    )
     values[5, 3] = np.nan  # counts as the largest
     p = pairwise_pvalues(values, owner, 3)
     for s in range(4):
         for i in range(3):
             for j in range(3):
                 if i != j:
-                    a, b = np.nan_to_num(values[owner == i, s], nan=np.inf), np.nan_to_num(values[owner == j, s], nan=np.inf)
+                    a, b = (
+                        np.nan_to_num(values[owner == i, s], nan=np.inf),
+                        np.nan_to_num(values[owner == j, s], nan=np.inf),
+                    )
                     ref = mannwhitneyu(a, b, alternative="greater", method="asymptotic").pvalue
                     ref = 1.0 if np.isnan(ref) else ref  # all values equal: no evidence
                     assert p[s, i, j] == pytest.approx(ref, rel=1e-9, abs=1e-12), (s, i, j)

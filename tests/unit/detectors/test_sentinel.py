@@ -53,8 +53,13 @@ def test_honest_stream_is_rarely_flagged(role):
 
 @pytest.mark.parametrize(
     "attack",
-    [lambda x: -x, lambda x: torch.zeros_like(x), lambda x: x * 3, lambda x: x + 5 * x.std(),
-     lambda x: torch.randn(x.shape, generator=torch.Generator().manual_seed(0)) * x.std()],
+    [
+        lambda x: -x,
+        lambda x: torch.zeros_like(x),
+        lambda x: x * 3,
+        lambda x: x + 5 * x.std(),
+        lambda x: torch.randn(x.shape, generator=torch.Generator().manual_seed(0)) * x.std(),
+    ],
     ids=["sign_flip", "zeros", "scale3", "bias", "noise"],
 )
 @pytest.mark.parametrize("role", [Role.GRADIENT, Role.ACTIVATION])
@@ -129,8 +134,9 @@ def test_stage_wide_shift_is_learned_not_flagged():
     assert shifted <= 5  # each sender's first shifted messages, until more than half of the honest ones are seen
     off = small(consensus_horizon=0)
     feed(off, 20)
-    stuck = sum(off.observe(msg(s, m, honest(s, m) * 4, sender=f"s1r{m % 3}")).flagged
-                for s in range(20, 30) for m in range(4))
+    stuck = sum(
+        off.observe(msg(s, m, honest(s, m) * 4, sender=f"s1r{m % 3}")).flagged for s in range(20, 30) for m in range(4)
+    )
     assert stuck == 40  # without it, flagged messages never teach the baseline: stuck forever
 
 

@@ -38,8 +38,12 @@ def m(step, mb, boundary, role, value=1.0, shape=SHAPE):
 
 @pytest.mark.parametrize(
     "payload",
-    [torch.full(SHAPE, float("nan")), torch.full(SHAPE, float("inf")), torch.zeros(2, 4, 9),
-     torch.zeros(SHAPE, dtype=torch.int64)],
+    [
+        torch.full(SHAPE, float("nan")),
+        torch.full(SHAPE, float("inf")),
+        torch.zeros(2, 4, 9),
+        torch.zeros(SHAPE, dtype=torch.int64),
+    ],
     ids=["nan", "inf", "shape", "dtype"],
 )
 def test_corrupt_payloads_are_flagged_without_reaching_the_detector(payload):
@@ -81,8 +85,11 @@ def test_cascade_suppression_pauses_the_rest_of_the_microbatch(tiny_scenario):
     for _ in range(3):
         eng.train_step()
     v, m_ = eng.log.verdicts, eng.log.messages
-    by_id = dict(zip(m_["id"].tolist(), zip(m_["step"].tolist(), m_["mb"].tolist(), m_["boundary"].tolist(),
-                                             m_["role"].tolist())))
+    by_id = dict(
+        zip(
+            m_["id"].tolist(), zip(m_["step"].tolist(), m_["mb"].tolist(), m_["boundary"].tolist(), m_["role"].tolist())
+        )
+    )
     paused = {by_id[i] for i, p in zip(v["msg"].tolist(), v["score_paused"].tolist()) if p == 1}
     downstream = {(1, 1, b, 0) for b in (1, 2)} | {(1, 1, b, 1) for b in (0, 1, 2)}
     assert paused == downstream  # the rest of that microbatch, nothing else
@@ -183,11 +190,17 @@ def test_ground_truth_is_never_touched_while_verifying(tiny_scenario):
                 raise AssertionError("a detector read ground truth")
             return object.__getattribute__(self, name)
 
-    sc = tiny_scenario("pipeline.replicas=3", "detector.name=sentinel", "detector.warmup_steps=2",
-                       "adversary.fraction=0.34", "training.steps=6",
-                       "adversary.attacks=[{name: scaling, role: gradient, start: 3}]")
+    sc = tiny_scenario(
+        "pipeline.replicas=3",
+        "detector.name=sentinel",
+        "detector.warmup_steps=2",
+        "adversary.fraction=0.34",
+        "training.steps=6",
+        "adversary.attacks=[{name: scaling, role: gradient, start: 3}]",
+    )
     log = GuardedLog()
     engine = build_engine(sc, log)
+
     def guard(inner):
         def guarded(msg):
             log.verifying = True
@@ -254,8 +267,10 @@ def test_the_relay_checks_re_masked_replays_only_under_a_random_position_codec()
     from sentinel.transport.message import Role
 
     def verifier(codec: str):
-        sc = scenario_mod.load("scenarios/compression/random_mask95.yaml",
-                               ["adversary.attacks=[]", "scoring.twins=[]", f"transport.codec={codec}"])
+        sc = scenario_mod.load(
+            "scenarios/compression/random_mask95.yaml",
+            ["adversary.attacks=[]", "scoring.twins=[]", f"transport.codec={codec}"],
+        )
         return build(sc, build_engine(sc).mesh)[0][0]
 
     assert verifier("{name: random_mask, keep: 0.05}").masked_roles == {Role.ACTIVATION, Role.GRADIENT}

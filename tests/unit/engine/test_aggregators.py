@@ -87,9 +87,18 @@ def test_single_row_is_returned_unchanged():
 
 @pytest.mark.parametrize(
     "name,n,f,ok",
-    [("median", 3, 1, True), ("median", 2, 1, False), ("trimmed_mean", 5, 2, True), ("trimmed_mean", 4, 2, False),
-     ("krum", 5, 1, True), ("krum", 4, 1, False), ("multi_krum", 7, 2, True), ("centered_clip", 4, 2, False),
-     ("geometric_median", 5, 2, True), ("mean", 5, 2, True)],
+    [
+        ("median", 3, 1, True),
+        ("median", 2, 1, False),
+        ("trimmed_mean", 5, 2, True),
+        ("trimmed_mean", 4, 2, False),
+        ("krum", 5, 1, True),
+        ("krum", 4, 1, False),
+        ("multi_krum", 7, 2, True),
+        ("centered_clip", 4, 2, False),
+        ("geometric_median", 5, 2, True),
+        ("mean", 5, 2, True),
+    ],
 )
 def test_domain_rules(name, n, f, ok):
     cls = AGGREGATORS.get(name)
@@ -115,8 +124,11 @@ def honest_and_byzantine(draw):
     f = draw(st.integers(0, (n - 1) // 2))
     d = draw(st.integers(1, 4))
     honest = draw(st.lists(st.lists(finite, min_size=d, max_size=d), min_size=n - f, max_size=n - f))
-    bad = draw(st.lists(st.lists(st.floats(-1e9, 1e9, allow_nan=False, width=32), min_size=d, max_size=d),
-                        min_size=f, max_size=f))
+    bad = draw(
+        st.lists(
+            st.lists(st.floats(-1e9, 1e9, allow_nan=False, width=32), min_size=d, max_size=d), min_size=f, max_size=f
+        )
+    )
     return torch.tensor(honest + bad, dtype=torch.float64), f
 
 

@@ -11,8 +11,13 @@ from sentinel.engine.clock import NetworkClock
 from sentinel.engine.sim import SimEngine
 from tests.conftest import tiny
 
-SGD = ("training.optimizer=sgd", "training.momentum=0", "training.lr_schedule=constant", "training.warmup_steps=0",
-       "training.lr=0.05")
+SGD = (
+    "training.optimizer=sgd",
+    "training.momentum=0",
+    "training.lr_schedule=constant",
+    "training.warmup_steps=0",
+    "training.lr=0.05",
+)
 
 
 def flat(eng: SimEngine) -> torch.Tensor:
@@ -52,8 +57,12 @@ def test_stale_step_computes_with_old_weights_and_updates_current_ones():
 
 
 def test_async_run_still_learns_and_is_deterministic():
-    over = ("transport.async.max_staleness=2", "transport.async.staleness=random", "training.steps=16",
-            "transport.network.jitter_ms=20")
+    over = (
+        "transport.async.max_staleness=2",
+        "transport.async.staleness=random",
+        "training.steps=16",
+        "transport.network.jitter_ms=20",
+    )
     runs = []
     for _ in range(2):
         eng = SimEngine(tiny(*over))
@@ -70,8 +79,12 @@ def _fake_engine(param: torch.nn.Parameter):
 
 def test_lookahead_extrapolates_a_constant_velocity_exactly():
     """theta_t = t * d: the bias-corrected update EMA is d, so theta_{t-tau} + tau * d = theta_t."""
-    sc = tiny("transport.async.max_staleness=3", "transport.async.staleness=fixed", "transport.async.lookahead=true",
-              "pipeline.stages=1")
+    sc = tiny(
+        "transport.async.max_staleness=3",
+        "transport.async.staleness=fixed",
+        "transport.async.lookahead=true",
+        "pipeline.stages=1",
+    )
     a = Asynchrony(sc.transport.async_, sc)
     d = torch.tensor([0.5, -1.0, 2.0])
     p = torch.nn.Parameter(torch.zeros(3))
@@ -129,8 +142,10 @@ class _AddReplicaOnce:
 
 def test_replica_added_mid_step_gets_current_not_stale_weights():
     check = _AddReplicaOnce()
-    eng = SimEngine(tiny("transport.async.max_staleness=1", "transport.async.staleness=fixed", "pipeline.replicas=2"),
-                    verifier=check)
+    eng = SimEngine(
+        tiny("transport.async.max_staleness=1", "transport.async.staleness=fixed", "pipeline.replicas=2"),
+        verifier=check,
+    )
     check.engine = eng
     for _ in range(3):
         eng.train_step()

@@ -48,8 +48,9 @@ def test_a_single_replica_sends_nothing():
 
 
 def test_compressed_allreduce_trains_and_counts_bytes():
-    eng = SimEngine(tiny("pipeline.replicas=2", "dp.compression.method=low_rank", "dp.compression.rank=2",
-                         "training.steps=6"))
+    eng = SimEngine(
+        tiny("pipeline.replicas=2", "dp.compression.method=low_rank", "dp.compression.rank=2", "training.steps=6")
+    )
     before = eng.evaluate()
     for _ in range(6):
         eng.train_step()
@@ -68,11 +69,19 @@ def test_flat_slices_cross_parameter_boundaries():
 def _two_replicas(values_a, values_b):
     from sentinel.engine.aggregators import Mean
 
-    reps = [SimpleNamespace(wid=w, params=[torch.nn.Parameter(torch.tensor(v))]) for w, v in (("a", values_a), ("b", values_b))]
+    reps = [
+        SimpleNamespace(wid=w, params=[torch.nn.Parameter(torch.tensor(v))])
+        for w, v in (("a", values_a), ("b", values_b))
+    ]
     return SimpleNamespace(
-        num_stages=1, replicas=dict(enumerate(reps)), aggregator=Mean(), adversary=None,
-        templates=[torch.nn.ParameterList(reps[0].params)], placement=SimpleNamespace(stages=lambda: [0]),
-        workers=SimpleNamespace(live_in_stage=lambda s: [0, 1]), collective=SimpleNamespace(gather=lambda s, rows: rows),
+        num_stages=1,
+        replicas=dict(enumerate(reps)),
+        aggregator=Mean(),
+        adversary=None,
+        templates=[torch.nn.ParameterList(reps[0].params)],
+        placement=SimpleNamespace(stages=lambda: [0]),
+        workers=SimpleNamespace(live_in_stage=lambda s: [0, 1]),
+        collective=SimpleNamespace(gather=lambda s, rows: rows),
     )
 
 
@@ -99,15 +108,23 @@ def test_delayed_average_delta_correction_keeps_local_progress():
             r.params[0].add_(10.0)  # one more local step each
     hook.pending = hook.pending[:1]
     hook.round = 0
-    hook.cfg = tiny("dp.sync=sparse_avg", "dp.sparse_avg.every=1000", "dp.sparse_avg.fraction=1",
-                    "dp.sparse_avg.delay=1").dp.sparse_avg  # no new round: watch the pending one land
+    hook.cfg = tiny(
+        "dp.sync=sparse_avg", "dp.sparse_avg.every=1000", "dp.sparse_avg.fraction=1", "dp.sparse_avg.delay=1"
+    ).dp.sparse_avg  # no new round: watch the pending one land
     hook.after_update(eng, SimpleNamespace(step=1))
     assert [r.params[0].item() for r in eng.replicas.values()] == [11.0, 11.0]  # 10 + avg(0, 2)
 
 
 def test_sparse_avg_engine_runs_local_steps_and_averages():
-    eng = SimEngine(tiny("pipeline.replicas=2", "dp.sync=sparse_avg", "dp.sparse_avg.every=3",
-                         "dp.sparse_avg.fraction=1", "training.steps=6"))
+    eng = SimEngine(
+        tiny(
+            "pipeline.replicas=2",
+            "dp.sync=sparse_avg",
+            "dp.sparse_avg.every=3",
+            "dp.sparse_avg.fraction=1",
+            "training.steps=6",
+        )
+    )
     for _ in range(5):
         eng.train_step()
     reps = [eng.replicas[i] for i in eng.workers.live_in_stage(1)]

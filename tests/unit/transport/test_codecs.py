@@ -113,9 +113,14 @@ def test_topk_decode_survives_out_of_range_indices():
 
 
 @SETTINGS
-@given(shape=shapes, seed=seeds, keep=st.sampled_from([0.05, 0.1, 0.5, 1.0]), gran=st.sampled_from(["element", "feature"]))
+@given(
+    shape=shapes, seed=seeds, keep=st.sampled_from([0.05, 0.1, 0.5, 1.0]), gran=st.sampled_from(["element", "feature"])
+)
 def test_random_mask_is_shared_by_both_ends_and_both_directions(shape, seed, keep, gran):
-    sender, receiver = make("random_mask", keep=keep, granularity=gran), make("random_mask", keep=keep, granularity=gran)
+    sender, receiver = (
+        make("random_mask", keep=keep, granularity=gran),
+        make("random_mask", keep=keep, granularity=gran),
+    )
     x = tensor(shape, seed)
     fwd = ctx_for(x, step=seed % 97, mb=2, boundary=1, role=Role.ACTIVATION, seed=seed)
     bwd = ctx_for(x, step=seed % 97, mb=2, boundary=1, role=Role.GRADIENT, seed=seed)
@@ -167,8 +172,11 @@ def test_random_mask_backward_is_the_chain_rule_of_the_masked_forward():
 
 
 @SETTINGS
-@given(shape=st.tuples(st.integers(1, 4), st.integers(1, 4), st.integers(2, 24)), seed=seeds,
-       rate=st.sampled_from([1.0, 2.0, 4.0, 32.0]))
+@given(
+    shape=st.tuples(st.integers(1, 4), st.integers(1, 4), st.integers(2, 24)),
+    seed=seeds,
+    rate=st.sampled_from([1.0, 2.0, 4.0, 32.0]),
+)
 def test_subspace_is_the_orthogonal_projection_onto_span_u(shape, seed, rate):
     codec = make("subspace", rate=rate)
     x = tensor(shape, seed)
@@ -213,12 +221,20 @@ def test_compression_rates_of_the_typical_settings():
     shape = (8, 64, 256)
     ident = make("identity").expected_nbytes(shape)
     rates = {
-        "fp16": make("fp16"), "int8": make("int8"), "int4": make("int4"), "topk10": TopK(TopK.Config(fraction=0.1)),
-        "mask90": RandomMask(RandomMask.Config(keep=0.1)), "mask95": RandomMask(RandomMask.Config(keep=0.05)),
+        "fp16": make("fp16"),
+        "int8": make("int8"),
+        "int4": make("int4"),
+        "topk10": TopK(TopK.Config(fraction=0.1)),
+        "mask90": RandomMask(RandomMask.Config(keep=0.1)),
+        "mask95": RandomMask(RandomMask.Config(keep=0.05)),
         "subspace32": make("subspace", rate=32),
     }
     got = {k: ident / c.expected_nbytes(shape, Role.GRADIENT) for k, c in rates.items()}
-    assert got["fp16"] == 2 and math.isclose(got["mask90"], 10, rel_tol=1e-3) and math.isclose(got["mask95"], 20, rel_tol=1e-3)
+    assert (
+        got["fp16"] == 2
+        and math.isclose(got["mask90"], 10, rel_tol=1e-3)
+        and math.isclose(got["mask95"], 20, rel_tol=1e-3)
+    )
     assert math.isclose(got["subspace32"], 32) and math.isclose(got["topk10"], 5, rel_tol=1e-3)
     assert 3.9 < got["int8"] < 4 and 7.5 < got["int4"] < 8
 

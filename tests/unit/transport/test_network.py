@@ -64,8 +64,17 @@ def test_one_link_serialises_its_messages():
 
 def test_two_stage_pipeline_clock_by_hand():
     """s0 F 0-1, act 1 s + 50 ms, s1 F 2.05-3.05, B 3.05-5.05, grad 1.05 s, s0 B 6.1-8.1: 8.1 s per step."""
-    out = pipeline_throughput(net_cfg(), num_stages=2, num_microbatches=1, act_bytes=25_000_000,
-                              grad_bytes=25_000_000, fwd_s=1.0, bwd_s=2.0, tokens_per_mb=100, steps=2)
+    out = pipeline_throughput(
+        net_cfg(),
+        num_stages=2,
+        num_microbatches=1,
+        act_bytes=25_000_000,
+        grad_bytes=25_000_000,
+        fwd_s=1.0,
+        bwd_s=2.0,
+        tokens_per_mb=100,
+        steps=2,
+    )
     assert math.isclose(out["sim_time_s"], 16.2)
     assert math.isclose(out["sim_tokens_per_s"], 200 / 16.2)
 
@@ -73,8 +82,17 @@ def test_two_stage_pipeline_clock_by_hand():
 def test_pipelining_overlaps_microbatches():
     """With compute only, S stages and M microbatches take (M + S - 1) forward slots plus as many backward."""
     S, M = 4, 8
-    out = pipeline_throughput(net_cfg(latency_ms=0, bandwidth_mbps=1e6), num_stages=S, num_microbatches=M,
-                              act_bytes=0, grad_bytes=0, fwd_s=1.0, bwd_s=1.0, tokens_per_mb=1, steps=1)
+    out = pipeline_throughput(
+        net_cfg(latency_ms=0, bandwidth_mbps=1e6),
+        num_stages=S,
+        num_microbatches=M,
+        act_bytes=0,
+        grad_bytes=0,
+        fwd_s=1.0,
+        bwd_s=1.0,
+        tokens_per_mb=1,
+        steps=1,
+    )
     assert math.isclose(out["sim_time_s"], 2 * (M + S - 1))
 
 
@@ -88,8 +106,10 @@ def test_compression_speedup_follows_bytes_and_latency(schedule):
     ratio = masked["sim_tokens_per_s"] / dense["sim_tokens_per_s"]
     assert 5 < ratio < 20
     no_latency = net_cfg(latency_ms=0)
-    ratio0 = (pipeline_throughput(no_latency, act_bytes=big // 20, grad_bytes=big // 20, **kw)["sim_tokens_per_s"]
-              / pipeline_throughput(no_latency, act_bytes=big, grad_bytes=big, **kw)["sim_tokens_per_s"])
+    ratio0 = (
+        pipeline_throughput(no_latency, act_bytes=big // 20, grad_bytes=big // 20, **kw)["sim_tokens_per_s"]
+        / pipeline_throughput(no_latency, act_bytes=big, grad_bytes=big, **kw)["sim_tokens_per_s"]
+    )
     assert ratio < ratio0 <= 20 + 1e-9  # latency is what keeps the ratio below the byte ratio
 
 
