@@ -20,28 +20,18 @@ rejected at validation with that command when it is missing.
 from __future__ import annotations
 
 import dataclasses
-from typing import Literal
 
 import numpy as np
 
 from sentinel.config import spec
 from sentinel.detectors.base import Detector, Verdict
 from sentinel.detectors.distances import MAGNITUDES
+from sentinel.detectors.stagewise import DistanceName
 from sentinel.registry import DETECTORS
 from sentinel.transport.message import Message
 
 INSTALL = 'pip install -e ".[river]"'
-StatName = Literal[
-    "l1",
-    "l2_normalized",
-    "sign_flip_ratio",
-    "sliced_wasserstein",
-    "z_mean",
-    "skewness",
-    "token_norm",
-    "align",
-    "align_tail",
-]
+StatName = DistanceName  # the statistics SENTINEL computes, which these baselines watch
 
 
 def river_missing() -> str | None:
