@@ -145,7 +145,7 @@ class WorkerChannel:
         self.faults, self.step_end, self.share_weights = faults, step_end, share_weights
         self.stage = rank_map.stage_of_rank(comm.rank)
         peers = sorted({rank_map.verifier_of[b] for b in (self.stage - 1, self.stage) if b in rank_map.verifier_of})
-        self.frames = Frames(comm, peers, program.payload_shape, 0)
+        self.frames = Frames(comm, peers, program.payload_shape, 0, slots=True)
         self.inbox: dict[tuple[int, int, int], object] = {}
         self.st: StepState | None = None
 
@@ -215,12 +215,15 @@ class WorkerChannel:
         end_frames(self.comm, self.frames)
 
 
-def end_frames(comm: Comm, frames: Frames) -> None:
+def end_frames(comm: Comm, frames: Frames, workers: set[int] | None = None) -> None:
     """End of a job: an END frame to every peer, whether or not its own END has arrived (each peer's reader of
     this rank waits for it), then wait for this rank's readers, so no reader is left blocked in a receive when
-    the next job starts or the process group is destroyed."""
+    the next job starts or the process group is destroyed. `workers`: the peers that read slots (wire.slot)."""
     for p in frames.peers:
-        comm.send_frame(p, W.header(W.END))
+        if workers is not None and p in workers:
+            comm.send_slot(p, W.header(W.END), None, frames.shape)
+        else:
+            comm.send_frame(p, W.header(W.END))
     comm.flush()
     frames.join(comm.timeout_s)
 
@@ -241,10 +244,15 @@ class VerifierChannel:
         wants_inputs: bool = False,
         recompute=None,
         publish: bool = False,
+        judged: bool = True,
     ):
         self.program, self.comm, self.rank_map, self.relay = program, comm, rank_map, relay
         self.step_end, self.responder, self.mesh, self.wants_inputs = step_end, responder, mesh, wants_inputs
         self.recompute, self.publish = recompute, publish
+        # a STATUS frame tells the next verifier whether a message is downstream of a flag (paused) and, for a
+        # detector that reads the sender's inputs, what was delivered; with no detector neither is read
+        # (the same on every verifier rank: it depends on the scenario only)
+        self.statuses = judged or wants_inputs
         self.relay_s = 0.0  # wall seconds spent relaying steps (messages per second per verifier)
         self.S, self.M = program.num_stages, program.num_microbatches
         self.mine = rank_map.boundaries(comm.rank)
@@ -280,7 +288,7 @@ class VerifierChannel:
         return events
 
     def close(self) -> None:
-        end_frames(self.comm, self.frames)
+        end_frames(self.comm, self.frames, {p for p in self.frames.peers if not self.rank_map.is_verifier(p)})
 
     # -- one step -----------------------------------------------------------------------------------------
     def begin_step(self, program: StepProgram, st: StepState) -> None:
@@ -429,7 +437,7 @@ class VerifierChannel:
 
     def _upstream(self, b: int, role: Role, mb: int) -> tuple[bool, torch.Tensor | None] | None:
         """(tainted, the tensor delivered upstream) for the message (b, role, mb); None while not known yet."""
-        if role == Role.ACTIVATION and b == 0:
+        if (role == Role.ACTIVATION and b == 0) or not self.statuses:
             return False, None
         got = self.status.pop((b, int(role), mb), None)
         if got is None:
@@ -438,6 +446,8 @@ class VerifierChannel:
 
     def _status(self, target: int, b: int, role: Role, mb: int, tainted: bool, payload: torch.Tensor) -> None:
         """Tell the verifier of boundary `target` about the message (b, role, mb) it is downstream of."""
+        if not self.statuses:
+            return
         dst = self.rank_map.verifier_of[target]
         sent = payload if self.wants_inputs else None
         if dst == self.comm.rank:
@@ -448,7 +458,7 @@ class VerifierChannel:
 
     def _deliver(self, dst: int, mb: int, stage: int, role: Role, payload: torch.Tensor | None) -> None:
         head = W.header(W.DELIVER, self.st.step, mb, stage, int(role), int(payload is None))
-        self.comm.send_frame(dst, head, payload.float() if payload is not None else None)
+        self.comm.send_slot(dst, head, payload, self.program.payload_shape)
 
     def _carry(self, frame: tuple, b: int, role: Role, mb: int, tainted: bool, x_in, g_in):
         """The relay's half of the transport on one framed message."""

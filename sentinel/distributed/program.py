@@ -262,6 +262,7 @@ class DistProgram(StepProgram):
             wants,
             self.recompute,
             publish,
+            judged=sc.detector.name != "none",
         )
 
     @property

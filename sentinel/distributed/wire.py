@@ -7,8 +7,10 @@ Every frame starts with `header` = int64[12]: MAGIC, KIND, then fields by kind:
              tensor in manifest order (uint8, in chunks of at most CHUNK bytes)
     SKIP     worker -> verifier: step, mb, boundary, role, sender, receiver: this slot's message will not come
              (the sender's own input was dropped upstream)
-    DELIVER  verifier -> worker: step, mb, stage, role, dropped; then the float32 payload of the honest
-             boundary shape, unless dropped (the receiving `stage`'s input for that microbatch)
+    DELIVER  verifier -> worker: step, mb, stage, role, dropped; and the float32 payload of the honest
+             boundary shape (the receiving `stage`'s input for that microbatch; zeros when dropped), in the
+             same send: every frame from a verifier to a worker is one fixed-size *slot* (`slot`), the
+             header's bytes then the payload's, so a delivery costs one send and one receive
     STATUS   verifier -> neighbouring verifier: step, mb, boundary, role, tainted, has_payload; then the delivered
              payload when the detector needs the sender's inputs (`Detector.wants_inputs`)
     END      any -> any: no more frames in this job
@@ -57,10 +59,26 @@ def body_limit(shape: tuple[int, ...]) -> int:
 
 
 def header(kind: int, *fields: int) -> torch.Tensor:
-    h = torch.zeros(HEADER_LEN, dtype=torch.int64)
-    h[0], h[1] = MAGIC, kind
-    h[2 : 2 + len(fields)] = torch.tensor(fields, dtype=torch.int64)
-    return h
+    return torch.tensor([MAGIC, kind, *fields, *(0,) * (HEADER_LEN - 2 - len(fields))], dtype=torch.int64)
+
+
+def slot_bytes(shape: tuple[int, ...]) -> int:
+    """Size of a verifier -> worker frame: a header and a float32 payload of the boundary shape."""
+    return 8 * HEADER_LEN + 4 * math.prod(shape)
+
+
+def slot(head: torch.Tensor, payload: torch.Tensor | None, shape: tuple[int, ...]) -> torch.Tensor:
+    """One verifier -> worker frame: `head` and `payload` (zeros when None) in one uint8 buffer."""
+    buf = torch.zeros(slot_bytes(shape), dtype=torch.uint8)
+    buf[: 8 * HEADER_LEN] = head.view(torch.uint8)
+    if payload is not None:
+        buf[8 * HEADER_LEN :] = payload.detach().cpu().float().contiguous().reshape(-1).view(torch.uint8)
+    return buf
+
+
+def unslot(buf: torch.Tensor, shape: tuple[int, ...]) -> tuple[list[int], torch.Tensor]:
+    """(header, payload) of a slot; the payload is a float32 view of the received buffer."""
+    return buf[: 8 * HEADER_LEN].view(torch.int64).tolist(), buf[8 * HEADER_LEN :].view(torch.float32).view(shape)
 
 
 def encode_body(wire: Wire) -> tuple[int, torch.Tensor]:
@@ -116,7 +134,7 @@ def parse_body(body: torch.Tensor, manifest_len: int) -> Wire:
     if not 0 < manifest_len <= min(MAX_MANIFEST, body.numel()):
         raise WireError(f"manifest length {manifest_len} out of range for a {body.numel()}-byte body")
     try:
-        manifest = json.loads(bytes(body[:manifest_len].tolist()).decode("utf-8"))
+        manifest = json.loads(body[:manifest_len].numpy().tobytes().decode("utf-8"))
         entries, meta = manifest["t"], manifest["m"]
     except (ValueError, KeyError, TypeError) as exc:
         raise WireError(f"unreadable manifest ({exc.__class__.__name__})") from None

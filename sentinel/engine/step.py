@@ -89,12 +89,19 @@ class Provenance:
 class StepState:
     """One step: its batch, its routing plan (M, S) worker indices, what was skipped, losses, action times."""
 
-    def __init__(self, step: int, batch: torch.Tensor | None, plan: np.ndarray):
-        self.step, self.batch, self.plan = step, batch, plan
+    def __init__(self, step: int, batch: torch.Tensor | Callable[[], torch.Tensor] | None, plan: np.ndarray):
+        self.step, self.plan = step, plan
+        self._batch = batch  # or how to make it: a process that never reads the batch never samples it
         self.skipped: set[tuple[int, int]] = set()  # (stage, mb) whose forward had no input
         self.losses: list[float] = []
         self.reported_loss: float | None = None  # the step's mean loss when another process computed it
         self.action_s: dict[Action, float] = {}  # measured wall seconds per action (network clock)
+
+    @property
+    def batch(self) -> torch.Tensor | None:
+        if callable(self._batch):
+            self._batch = self._batch()
+        return self._batch
 
 
 class Channel(Protocol):
@@ -200,7 +207,7 @@ class StepProgram:
     def train_step(self) -> float:
         """Run one optimizer step; returns the mean training loss over this process's completed microbatches."""
         step = self.step
-        st = StepState(step, self.data.train_batch(step), self.router.route(step, self.num_microbatches))
+        st = StepState(step, lambda: self.data.train_batch(step), self.router.route(step, self.num_microbatches))
         for h in self.hooks:
             h.before_pipeline(self, st)
         self.channel.begin_step(self, st)  # a verifier process relays the whole step here
