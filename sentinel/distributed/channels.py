@@ -145,7 +145,9 @@ class WorkerChannel:
         self.faults, self.step_end, self.share_weights = faults, step_end, share_weights
         self.stage = rank_map.stage_of_rank(comm.rank)
         peers = sorted({rank_map.verifier_of[b] for b in (self.stage - 1, self.stage) if b in rank_map.verifier_of})
-        self.frames = Frames(comm, peers, program.payload_shape, 0, slots=True)
+        self.frames = Frames(
+            comm, peers, program.payload_shape, 0, {v: W.deliver_slot(program.payload_shape) for v in peers}
+        )
         self.inbox: dict[tuple[int, int, int], object] = {}
         self.st: StepState | None = None
 
@@ -176,13 +178,20 @@ class WorkerChannel:
         if extra:
             body = torch.cat([body, torch.zeros(extra, dtype=torch.uint8)])
         ids = self.program.workers.ids
+        size = W.message_slot(self.program.payload_shape)
+        inline = W.HEAD_BYTES + body.numel() <= size
         head = W.message_header(
-            sent, ids.index(sent.sender), ids.index(sent.receiver), manifest_len, body.numel() - manifest_len
+            sent, ids.index(sent.sender), ids.index(sent.receiver), manifest_len, body.numel() - manifest_len, inline
         )
-        self.comm.send_frame(self.rank_map.verifier_of[msg.boundary], head, body)
+        dst = self.rank_map.verifier_of[msg.boundary]
+        self.comm.send_slot(dst, head, body if inline else None, size)
+        if not inline:
+            for piece in W.split_body(body):
+                self.comm.send(piece, dst, self.comm.frames_group)
 
     def skip(self, role: Role, boundary: int, mb: int, step: int) -> None:
-        self.comm.send_frame(self.rank_map.verifier_of[boundary], W.header(W.SKIP, step, mb, boundary, int(role)))
+        head = W.header(W.SKIP, step, mb, boundary, int(role))
+        self.comm.send_slot(self.rank_map.verifier_of[boundary], head, None, W.message_slot(self.program.payload_shape))
 
     def ready(self, role: Role, stage: int, mb: int) -> bool:
         return True  # `take` waits
@@ -212,16 +221,17 @@ class WorkerChannel:
         return self.step_end.run(st, None)
 
     def close(self) -> None:
-        end_frames(self.comm, self.frames)
+        size = W.message_slot(self.program.payload_shape)
+        end_frames(self.comm, self.frames, {v: size for v in self.frames.peers})
 
 
-def end_frames(comm: Comm, frames: Frames, workers: set[int] | None = None) -> None:
+def end_frames(comm: Comm, frames: Frames, slots: dict[int, int]) -> None:
     """End of a job: an END frame to every peer, whether or not its own END has arrived (each peer's reader of
     this rank waits for it), then wait for this rank's readers, so no reader is left blocked in a receive when
-    the next job starts or the process group is destroyed. `workers`: the peers that read slots (wire.slot)."""
+    the next job starts or the process group is destroyed. `slots`: the peers that read slots, with the size."""
     for p in frames.peers:
-        if workers is not None and p in workers:
-            comm.send_slot(p, W.header(W.END), None, frames.shape)
+        if p in slots:
+            comm.send_slot(p, W.header(W.END), None, slots[p])
         else:
             comm.send_frame(p, W.header(W.END))
     comm.flush()
@@ -262,7 +272,14 @@ class VerifierChannel:
             for nb in (b - 1, b + 1):
                 if nb in rank_map.verifier_of and rank_map.verifier_of[nb] != comm.rank:
                     peers.add(rank_map.verifier_of[nb])
-        self.frames = Frames(comm, sorted(peers), program.payload_shape, W.body_limit(program.payload_shape))
+        size = W.message_slot(program.payload_shape)
+        self.frames = Frames(
+            comm,
+            sorted(peers),
+            program.payload_shape,
+            W.body_limit(program.payload_shape),
+            {p: size for p in peers if not rank_map.is_verifier(p)},
+        )
         self.stale: list = []  # frames of a later step that arrived early (none in a well-behaved run)
 
     # the program's own pipeline is empty on a verifier rank
@@ -288,7 +305,8 @@ class VerifierChannel:
         return events
 
     def close(self) -> None:
-        end_frames(self.comm, self.frames, {p for p in self.frames.peers if not self.rank_map.is_verifier(p)})
+        size = W.deliver_slot(self.program.payload_shape)
+        end_frames(self.comm, self.frames, {p: size for p in self.frames.peers if not self.rank_map.is_verifier(p)})
 
     # -- one step -----------------------------------------------------------------------------------------
     def begin_step(self, program: StepProgram, st: StepState) -> None:
@@ -458,7 +476,8 @@ class VerifierChannel:
 
     def _deliver(self, dst: int, mb: int, stage: int, role: Role, payload: torch.Tensor | None) -> None:
         head = W.header(W.DELIVER, self.st.step, mb, stage, int(role), int(payload is None))
-        self.comm.send_slot(dst, head, payload, self.program.payload_shape)
+        body = payload.float() if payload is not None else None
+        self.comm.send_slot(dst, head, body, W.deliver_slot(self.program.payload_shape))
 
     def _carry(self, frame: tuple, b: int, role: Role, mb: int, tainted: bool, x_in, g_in):
         """The relay's half of the transport on one framed message."""

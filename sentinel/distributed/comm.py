@@ -12,6 +12,7 @@ on GPUs only the DP sync uses NCCL).
 from __future__ import annotations
 
 import datetime
+import math
 import queue
 import threading
 import time
@@ -75,9 +76,9 @@ class Comm:
         else:
             self.send(body, dst, self.frames_group)
 
-    def send_slot(self, dst: int, head: torch.Tensor, payload: torch.Tensor | None, shape: tuple[int, ...]) -> None:
-        """A frame to a worker rank: header and payload in one send (wire.slot)."""
-        self.send(W.slot(head, payload, shape), dst, self.frames_group)
+    def send_slot(self, dst: int, head: torch.Tensor, body: torch.Tensor | None, size: int) -> None:
+        """A frame between a worker and a verifier: header and body in one `size`-byte send (wire.pack)."""
+        self.send(W.pack(head, body, size), dst, self.frames_group)
 
     def recv(self, shape: tuple[int, ...], dtype: torch.dtype, src: int, what: str) -> torch.Tensor:
         """Receive exactly `shape`/`dtype` from `src` (announced before), waiting at most `timeout_s`."""
@@ -109,12 +110,19 @@ class Frames:
     """Frames from a set of peers, one reader thread each, in one queue (see the module docstring).
 
     `get(what)` returns (src, header as a list of ints, body tensor | None); a MSG body over `limit` bytes is
-    drained and returned as None (the relay refuses it); a peer's END frame ends its reader. With `slots`
-    (a worker rank: every peer is a verifier) each frame is one fixed-size slot (wire.slot).
+    drained and returned as None (the relay refuses it); a peer's END frame ends its reader. `slots`: the peers
+    whose frames are fixed-size slots (wire.pack), with the slot's size (a worker and a verifier talk in slots).
     """
 
-    def __init__(self, comm: Comm, peers: list[int], payload_shape: tuple[int, ...], limit: int, slots: bool = False):
-        self.comm, self.shape, self.limit, self.slots = comm, tuple(payload_shape), limit, slots
+    def __init__(
+        self,
+        comm: Comm,
+        peers: list[int],
+        payload_shape: tuple[int, ...],
+        limit: int,
+        slots: dict[int, int] | None = None,
+    ):
+        self.comm, self.shape, self.limit, self.slots = comm, tuple(payload_shape), limit, dict(slots or {})
         self.q: queue.Queue = queue.Queue()
         self.peers, self.open = list(peers), set(peers)
         self.heard = {p: time.monotonic() for p in peers}  # when each peer's latest frame arrived
@@ -131,18 +139,11 @@ class Frames:
     def _read(self, src: int) -> None:
         try:
             while True:
-                if self.slots:
-                    h, body = W.unslot(self._recv((W.slot_bytes(self.shape),), torch.uint8, src), self.shape)
-                    if h[0] != W.MAGIC or h[1] not in (W.DELIVER, W.END):
-                        self.q.put(
-                            (src, None, PeerFault(src, f"{self.comm.describe(src)} broke the frame format: {h}"))
-                        )
-                        return
-                    self.q.put((src, h, None if h[1] == W.END or h[6] else body))
-                    if h[1] == W.END:
-                        return
-                    continue
-                h = self._recv((W.HEADER_LEN,), torch.int64, src).tolist()
+                size = self.slots.get(src)
+                if size is not None:
+                    h, rest = W.unpack(self._recv((size,), torch.uint8, src))
+                else:
+                    h, rest = self._recv((W.HEADER_LEN,), torch.int64, src).tolist(), None
                 if h[0] != W.MAGIC or h[1] not in (W.MSG, W.SKIP, W.DELIVER, W.STATUS, W.END):
                     self.q.put((src, None, PeerFault(src, f"{self.comm.describe(src)} broke the frame format: {h}")))
                     return
@@ -152,9 +153,15 @@ class Frames:
                     if h[8] < 0 or h[9] < 0:
                         self.q.put((src, None, PeerFault(src, f"{self.comm.describe(src)} sent negative lengths {h}")))
                         return
-                    body = W.recv_body(_Reader(self, src), src, n, self.limit, "a message body")
+                    if rest is not None and h[10]:  # in the slot: a body announced larger than the slot is refused
+                        body = rest[:n].clone() if n <= min(rest.numel(), self.limit) else None
+                    else:
+                        body = W.recv_body(_Reader(self, src), src, n, self.limit, "a message body")
                 elif (h[1] == W.DELIVER and not h[6]) or (h[1] == W.STATUS and h[7]):
-                    body = self._recv(self.shape, torch.float32, src)
+                    if rest is not None:
+                        body = rest[: 4 * math.prod(self.shape)].view(torch.float32).view(self.shape)
+                    else:
+                        body = self._recv(self.shape, torch.float32, src)
                 self.q.put((src, h, body))
                 if h[1] == W.END:
                     return

@@ -2,18 +2,22 @@
 
 Every frame starts with `header` = int64[12]: MAGIC, KIND, then fields by kind:
 
-    MSG      worker -> verifier: step, mb, boundary, role, sender, receiver, manifest_len, data_len; then the body:
-             manifest = JSON {"t": [[name, dtype, shape], ...], "m": codec meta}, then the raw bytes of each wire
-             tensor in manifest order (uint8, in chunks of at most CHUNK bytes)
+    MSG      worker -> verifier: step, mb, boundary, role, sender, receiver, manifest_len, data_len, inline; the
+             body: manifest = JSON {"t": [[name, dtype, shape], ...], "m": codec meta}, then the raw bytes of each
+             wire tensor in manifest order; `inline` when it travels in the frame's own slot (it fits: every
+             honest codec's body does), else after it in chunks of at most CHUNK bytes (uint8)
     SKIP     worker -> verifier: step, mb, boundary, role, sender, receiver: this slot's message will not come
              (the sender's own input was dropped upstream)
     DELIVER  verifier -> worker: step, mb, stage, role, dropped; and the float32 payload of the honest
-             boundary shape (the receiving `stage`'s input for that microbatch; zeros when dropped), in the
-             same send: every frame from a verifier to a worker is one fixed-size *slot* (`slot`), the
-             header's bytes then the payload's, so a delivery costs one send and one receive
+             boundary shape (the receiving `stage`'s input for that microbatch; zeros when dropped)
     STATUS   verifier -> neighbouring verifier: step, mb, boundary, role, tainted, has_payload; then the delivered
              payload when the detector needs the sender's inputs (`Detector.wants_inputs`)
     END      any -> any: no more frames in this job
+
+Between a worker and a verifier every frame is one fixed-size *slot* (`pack`): the header's bytes, then the
+frame's body where it fits (`deliver_slot` bytes towards a worker, `message_slot` towards a verifier), so an
+honest message costs one send and one receive each way. Between verifiers a frame is its header, then its
+body.
 
 Workers and verifiers address each other by worker-table index. The verifier never trusts a header: the
 manifest and the byte counts are checked (`parse_body` raises `WireError`), an oversized body is drained chunk
@@ -62,23 +66,33 @@ def header(kind: int, *fields: int) -> torch.Tensor:
     return torch.tensor([MAGIC, kind, *fields, *(0,) * (HEADER_LEN - 2 - len(fields))], dtype=torch.int64)
 
 
-def slot_bytes(shape: tuple[int, ...]) -> int:
+HEAD_BYTES = 8 * HEADER_LEN
+INLINE_SPARE = 4096  # a message slot's room beyond a float32 payload: the manifest and a codec's extras
+
+
+def deliver_slot(shape: tuple[int, ...]) -> int:
     """Size of a verifier -> worker frame: a header and a float32 payload of the boundary shape."""
-    return 8 * HEADER_LEN + 4 * math.prod(shape)
+    return HEAD_BYTES + 4 * math.prod(shape)
 
 
-def slot(head: torch.Tensor, payload: torch.Tensor | None, shape: tuple[int, ...]) -> torch.Tensor:
-    """One verifier -> worker frame: `head` and `payload` (zeros when None) in one uint8 buffer."""
-    buf = torch.zeros(slot_bytes(shape), dtype=torch.uint8)
-    buf[: 8 * HEADER_LEN] = head.view(torch.uint8)
-    if payload is not None:
-        buf[8 * HEADER_LEN :] = payload.detach().cpu().float().contiguous().reshape(-1).view(torch.uint8)
+def message_slot(shape: tuple[int, ...]) -> int:
+    """Size of a worker -> verifier frame: a header and a body of up to a float32 payload plus INLINE_SPARE."""
+    return HEAD_BYTES + 4 * math.prod(shape) + INLINE_SPARE
+
+
+def pack(head: torch.Tensor, body: torch.Tensor | None, size: int) -> torch.Tensor:
+    """One slot of `size` bytes: the header, then `body` (any dtype, as bytes; it must fit), zeros after."""
+    buf = torch.zeros(size, dtype=torch.uint8)
+    buf[:HEAD_BYTES] = head.view(torch.uint8)
+    if body is not None:
+        raw = body.detach().cpu().contiguous().reshape(-1).view(torch.uint8)
+        buf[HEAD_BYTES : HEAD_BYTES + raw.numel()] = raw
     return buf
 
 
-def unslot(buf: torch.Tensor, shape: tuple[int, ...]) -> tuple[list[int], torch.Tensor]:
-    """(header, payload) of a slot; the payload is a float32 view of the received buffer."""
-    return buf[: 8 * HEADER_LEN].view(torch.int64).tolist(), buf[8 * HEADER_LEN :].view(torch.float32).view(shape)
+def unpack(buf: torch.Tensor) -> tuple[list[int], torch.Tensor]:
+    """(header, the bytes after it) of a slot."""
+    return buf[:HEAD_BYTES].view(torch.int64).tolist(), buf[HEAD_BYTES:]
 
 
 def encode_body(wire: Wire) -> tuple[int, torch.Tensor]:
@@ -153,7 +167,18 @@ def parse_body(body: torch.Tensor, manifest_len: int) -> Wire:
     return Wire(tensors, meta)
 
 
-def message_header(msg, sender_idx: int, receiver_idx: int, manifest_len: int, data_len: int) -> torch.Tensor:
+def message_header(
+    msg, sender_idx: int, receiver_idx: int, manifest_len: int, data_len: int, inline: bool = False
+) -> torch.Tensor:
     return header(
-        MSG, msg.step, msg.mb_idx, msg.boundary, int(msg.role), sender_idx, receiver_idx, manifest_len, data_len
+        MSG,
+        msg.step,
+        msg.mb_idx,
+        msg.boundary,
+        int(msg.role),
+        sender_idx,
+        receiver_idx,
+        manifest_len,
+        data_len,
+        int(inline),
     )

@@ -236,3 +236,18 @@ def test_verdict_records_cross_processes_with_their_pvalues():
             "s3r0",
             17,
         )
+
+
+def test_a_slot_carries_its_header_and_body_in_one_buffer():
+    shape = (2, 4, 8)
+    n, body = W.encode_body(Wire({"x": torch.randn(shape)}))
+    size = W.message_slot(shape)
+    assert W.HEAD_BYTES + body.numel() <= size  # an honest identity-codec body travels in the slot
+    head = W.message_header(Message(3, 1, 0, Role.ACTIVATION, "a", "b", torch.empty(0)), 0, 1, n, body.numel() - n, True)
+    h, rest = W.unpack(W.pack(head, body, size))
+    assert h == head.tolist() and h[10] == 1
+    back = W.parse_body(rest[: h[8] + h[9]].clone(), h[8])
+    assert torch.equal(back.tensors["x"], W.parse_body(body, n).tensors["x"])
+    payload = torch.randn(shape)
+    h, rest = W.unpack(W.pack(W.header(W.DELIVER, 3, 1, 1, 0, 0), payload, W.deliver_slot(shape)))
+    assert h[1] == W.DELIVER and torch.equal(rest.view(torch.float32).view(shape), payload)
