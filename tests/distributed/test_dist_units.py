@@ -243,7 +243,9 @@ def test_a_slot_carries_its_header_and_body_in_one_buffer():
     n, body = W.encode_body(Wire({"x": torch.randn(shape)}))
     size = W.message_slot(shape)
     assert W.HEAD_BYTES + body.numel() <= size  # an honest identity-codec body travels in the slot
-    head = W.message_header(Message(3, 1, 0, Role.ACTIVATION, "a", "b", torch.empty(0)), 0, 1, n, body.numel() - n, True)
+    head = W.message_header(
+        Message(3, 1, 0, Role.ACTIVATION, "a", "b", torch.empty(0)), 0, 1, n, body.numel() - n, True
+    )
     h, rest = W.unpack(W.pack(head, body, size))
     assert h == head.tolist() and h[10] == 1
     back = W.parse_body(rest[: h[8] + h[9]].clone(), h[8])
