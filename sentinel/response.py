@@ -221,18 +221,23 @@ class Responder:
         self._tainted: set[int] = set()  # microbatches of this step with an anomalous message so far
 
     def deliver(
-        self, msg: Message, verdict: Verdict, substitute: Callable[[Message], torch.Tensor | None] | None = None
+        self, msg: Message, verdict: Verdict | None, substitute: Callable[[Message], torch.Tensor | None] | None = None
     ) -> torch.Tensor | None:
         """What the receiver of `msg` gets: its payload, a stand-in (`substitute`), or None (dropped)."""
         if self.mode == "open_loop":
             return msg.payload
         if msg.sender in self.banned:
             return None
-        if not verdict.flagged or self.config.on_flag == "accept":
+        if self.config.on_flag == "accept" or not verdict.flagged:
             return msg.payload
         if self.config.on_flag == "substitute" and substitute is not None:
             return substitute(msg)  # None (= drop) where the detector has no stand-in
         return None
+
+    @property
+    def verdict_free(self) -> bool:
+        """Whether `deliver` decides without reading the verdict (it may then be called with None)."""
+        return self.mode == "open_loop" or self.config.on_flag == "accept"
 
     def end_step(self, step: int, records: Iterable[tuple[Message, Verdict]]) -> None:
         """Weigh the step's verdicts (canonical order) and ban; then the score tests and rejoins that are due."""

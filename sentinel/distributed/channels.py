@@ -413,10 +413,21 @@ class VerifierChannel:
         tainted, x_in = upstream
         if b == 0 and self.wants_inputs:
             x_in = self.st.batch[mb, :, :-1]
-        got = self._carry(frame, b, Role.ACTIVATION, mb, tainted, x_in, None)
+        sent = []  # delivered before the verdict (when the response policy does not read it)
+        got = self._carry(
+            frame,
+            b,
+            Role.ACTIVATION,
+            mb,
+            tainted,
+            x_in,
+            None,
+            lambda p: sent.append(self._deliver(receiver, mb, b + 1, Role.ACTIVATION, p)),
+        )
         del self.inbox[(b, Role.ACTIVATION, mb)]
         sender = self.rank_map.host[self.ids[int(self.plan[mb, b])]]
-        self._deliver(receiver, mb, b + 1, Role.ACTIVATION, got.payload)
+        if not sent:
+            self._deliver(receiver, mb, b + 1, Role.ACTIVATION, got.payload)
         if got.payload is None:
             self._deliver(sender, mb, b, Role.GRADIENT, None)  # no backward will come for this microbatch
             return True
@@ -446,9 +457,20 @@ class VerifierChannel:
                 return False
             tainted, g_in = upstream
         x_in = self.delivered.get((b, Role.ACTIVATION, mb))
-        got = self._carry(frame, b, Role.GRADIENT, mb, tainted, x_in, g_in)
+        sent = []
+        got = self._carry(
+            frame,
+            b,
+            Role.GRADIENT,
+            mb,
+            tainted,
+            x_in,
+            g_in,
+            lambda p: sent.append(self._deliver(receiver, mb, b, Role.GRADIENT, p)),
+        )
         del self.inbox[(b, Role.GRADIENT, mb)]
-        self._deliver(receiver, mb, b, Role.GRADIENT, got.payload)
+        if not sent:
+            self._deliver(receiver, mb, b, Role.GRADIENT, got.payload)
         if got.payload is not None and b > 0:
             self._status(b - 1, b, Role.GRADIENT, mb, tainted or got.flagged, got.payload)
         return True
@@ -479,8 +501,8 @@ class VerifierChannel:
         body = payload.float() if payload is not None else None
         self.comm.send_slot(dst, head, body, W.deliver_slot(self.program.payload_shape))
 
-    def _carry(self, frame: tuple, b: int, role: Role, mb: int, tainted: bool, x_in, g_in):
-        """The relay's half of the transport on one framed message."""
+    def _carry(self, frame: tuple, b: int, role: Role, mb: int, tainted: bool, x_in, g_in, early=None):
+        """The relay's half of the transport on one framed message (`early`: see `Relay.carry`)."""
         src, h, body = frame
         sender_stage, receiver_stage = (b, b + 1) if role == Role.ACTIVATION else (b + 1, b)
         sender = self.ids[int(self.plan[mb, sender_stage])]
@@ -503,4 +525,4 @@ class VerifierChannel:
             return self.relay.refuse(msg, declared, str(exc))
         key = (self.st.step, mb, b, int(role))
         inputs = SenderInputs(key, x_in, g_in) if self.wants_inputs else None
-        return self.relay.carry(msg, wire, paused=tainted, inputs=inputs)
+        return self.relay.carry(msg, wire, paused=tainted, inputs=inputs, early=early)

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Protocol
 
 import torch
@@ -165,8 +165,13 @@ class Relay:
         paused: bool = False,
         inputs: SenderInputs | None = None,
         declared_bytes: int | None = None,
+        early: Callable[[torch.Tensor | None], None] | None = None,
     ) -> Delivery:
-        """Relay one message: `paused` when a message upstream of it in its microbatch was flagged this step."""
+        """Relay one message: `paused` when a message upstream of it in its microbatch was flagged this step.
+
+        `early`: called with what the receiver gets as soon as that is known, before the verifier judges the
+        message, when the response policy delivers without reading the verdict (`Responder.verdict_free`:
+        open loop, `on_flag: accept`); a verifier process then forwards it while it judges."""
         try:
             msg = self._decode(msg, wire)
         except WireError as exc:
@@ -174,6 +179,8 @@ class Relay:
         self.bytes_sent += msg.wire_bytes
         self.log.log_message(msg)
         verifier = self.verifiers.get(msg.boundary)
+        if early is not None and (verifier is None or self.responder is None or self.responder.verdict_free):
+            early(msg.payload if self.responder is None else self.responder.deliver(msg, None))
         if verifier is None:
             return Delivery(msg, None, msg.payload)
         if paused:

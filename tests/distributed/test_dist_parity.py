@@ -83,6 +83,7 @@ EVERY_FEATURE = {  # what the relay backend refused: asynchrony, sparse averagin
         "attacks": [{"name": "scaling", "role": "both", "start": 3, "alpha": -2.0}],
     },
     "detector": {"name": "sentinel", "warmup_steps": 2, "min_history": 4},
+    "response": {"on_flag": "accept"},  # a verifier forwards before it judges (Relay.carry's `early`)
 }
 COMPRESSED = {  # DP compression with a robust aggregator, random masking, byte-level text, a DP-axis attack
     **EVERY_FEATURE,
