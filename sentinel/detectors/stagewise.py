@@ -404,7 +404,7 @@ class Sentinel(Detector):
         else:
             marks = frozenset()
         if learn:
-            return self._accept(st, sig, lay, msg, values, d, t, marks, p, p_rel)
+            return self._accept(st, sig, lay, msg, values, d, t, marks, p, p_rel, judged=not shift)
         return Verdict(d, False, marks, pvalue=p, relation_pvalue=p_rel)
 
     def _learn_outlier(self, st: Stream, msg: Message, values: np.ndarray, t: np.ndarray) -> None:
@@ -432,12 +432,16 @@ class Sentinel(Detector):
         marks: frozenset = frozenset(),
         p: float | None = None,
         p_rel: float | None = None,
+        judged: bool = False,
     ) -> Verdict:
         """Accept and learn: the baseline and the fences take the message in (`t`: the values on the fences'
         scale; a message missing a statistic teaches the baseline but not the fences)."""
         if np.isfinite(values).all():
             self._learn(st, sig, lay, msg)
-            st.fences.push(values, t)
+            if judged and isinstance(st.fences, TailCalibrator):  # a judged value learns capped (push_judged)
+                st.fences.push_judged(t, st.fences.last_p)
+            else:
+                st.fences.push(values, t)
         elif not np.isinf(values).any():  # only a relation is missing (NaN): the pooled baseline still learns
             self._learn(st, sig, lay, msg)
         return Verdict(d, False, marks, pvalue=p, relation_pvalue=p_rel)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import copy
+
 import numpy as np
 import pytest
 
@@ -73,3 +75,26 @@ def test_levels_invert_the_pvalues():
 def test_bonferroni_combination():
     assert combine(np.array([0.01, 0.5, np.nan])) == pytest.approx(0.02)
     assert combine(np.array([np.nan])) == 1.0 and combine(np.array([0.9, 0.8])) == 1.0
+
+
+def test_an_accepted_value_far_out_on_its_own_is_learned_capped():
+    """push_judged: a statistic at p < CAP_P is learned at the window's largest value; the others as they are. So an
+    attacker whose messages stay just under the combined level cannot stretch a window's tail message by message."""
+    from sentinel.detectors.calibration import CAP_P
+
+    rng = np.random.default_rng(1)
+    cal = TailCalibrator(("a", "b"), 100, (False, False))
+    for _ in range(100):
+        cal.push(np.array([rng.normal(), rng.normal()]))
+    top = cal._sorted[:, cal.count - 1].copy()
+    t = np.array([top[0] + 50.0, top[1] + 0.01])
+    _, p_all, _ = cal.judge(t, np.zeros(2, dtype=bool))
+    assert cal.last_p[0] < CAP_P <= cal.last_p[1]
+    plain = copy.deepcopy(cal)
+    plain.push(t, t)
+    cal.push_judged(t, cal.last_p)
+    assert cal._sorted[0, cal.count - 1] == top[0]  # capped: the tail did not learn how far out it was
+    assert cal._sorted[1, cal.count - 1] == top[1] + 0.01  # learned as it is
+    # the same far value again is still far out; learned as it is, the first had made it ordinary
+    again = np.array([top[0] + 50.0, 0.0])
+    assert cal.pvalues(again)[0] < 1e-9 and plain.pvalues(again)[0] > 1e-4
