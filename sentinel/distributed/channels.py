@@ -148,6 +148,7 @@ class WorkerChannel:
         self.frames = Frames(
             comm, peers, program.payload_shape, 0, {v: W.deliver_slot(program.payload_shape) for v in peers}
         )
+        self.slot = W.message_slot(program.payload_shape)  # every frame of this rank: a message slot
         self.inbox: dict[tuple[int, int, int], object] = {}
         self.st: StepState | None = None
 
@@ -178,20 +179,19 @@ class WorkerChannel:
         if extra:
             body = torch.cat([body, torch.zeros(extra, dtype=torch.uint8)])
         ids = self.program.workers.ids
-        size = W.message_slot(self.program.payload_shape)
-        inline = W.HEAD_BYTES + body.numel() <= size
+        inline = W.HEAD_BYTES + body.numel() <= self.slot
         head = W.message_header(
             sent, ids.index(sent.sender), ids.index(sent.receiver), manifest_len, body.numel() - manifest_len, inline
         )
         dst = self.rank_map.verifier_of[msg.boundary]
-        self.comm.send_slot(dst, head, body if inline else None, size)
+        self.comm.send_slot(dst, head, body if inline else None, self.slot)
         if not inline:
             for piece in W.split_body(body):
                 self.comm.send(piece, dst, self.comm.frames_group)
 
     def skip(self, role: Role, boundary: int, mb: int, step: int) -> None:
         head = W.header(W.SKIP, step, mb, boundary, int(role))
-        self.comm.send_slot(self.rank_map.verifier_of[boundary], head, None, W.message_slot(self.program.payload_shape))
+        self.comm.send_slot(self.rank_map.verifier_of[boundary], head, None, self.slot)
 
     def ready(self, role: Role, stage: int, mb: int) -> bool:
         return True  # `take` waits
@@ -221,8 +221,7 @@ class WorkerChannel:
         return self.step_end.run(st, None)
 
     def close(self) -> None:
-        size = W.message_slot(self.program.payload_shape)
-        end_frames(self.comm, self.frames, {v: size for v in self.frames.peers})
+        end_frames(self.comm, self.frames, {v: self.slot for v in self.frames.peers})
 
 
 def end_frames(comm: Comm, frames: Frames, slots: dict[int, int]) -> None:
@@ -413,21 +412,9 @@ class VerifierChannel:
         tainted, x_in = upstream
         if b == 0 and self.wants_inputs:
             x_in = self.st.batch[mb, :, :-1]
-        sent = []  # delivered before the verdict (when the response policy does not read it)
-        got = self._carry(
-            frame,
-            b,
-            Role.ACTIVATION,
-            mb,
-            tainted,
-            x_in,
-            None,
-            lambda p: sent.append(self._deliver(receiver, mb, b + 1, Role.ACTIVATION, p)),
-        )
+        got = self._relay(frame, b, Role.ACTIVATION, mb, tainted, x_in, None, receiver, b + 1)
         del self.inbox[(b, Role.ACTIVATION, mb)]
         sender = self.rank_map.host[self.ids[int(self.plan[mb, b])]]
-        if not sent:
-            self._deliver(receiver, mb, b + 1, Role.ACTIVATION, got.payload)
         if got.payload is None:
             self._deliver(sender, mb, b, Role.GRADIENT, None)  # no backward will come for this microbatch
             return True
@@ -457,20 +444,8 @@ class VerifierChannel:
                 return False
             tainted, g_in = upstream
         x_in = self.delivered.get((b, Role.ACTIVATION, mb))
-        sent = []
-        got = self._carry(
-            frame,
-            b,
-            Role.GRADIENT,
-            mb,
-            tainted,
-            x_in,
-            g_in,
-            lambda p: sent.append(self._deliver(receiver, mb, b, Role.GRADIENT, p)),
-        )
+        got = self._relay(frame, b, Role.GRADIENT, mb, tainted, x_in, g_in, receiver, b)
         del self.inbox[(b, Role.GRADIENT, mb)]
-        if not sent:
-            self._deliver(receiver, mb, b, Role.GRADIENT, got.payload)
         if got.payload is not None and b > 0:
             self._status(b - 1, b, Role.GRADIENT, mb, tainted or got.flagged, got.payload)
         return True
@@ -500,6 +475,17 @@ class VerifierChannel:
         head = W.header(W.DELIVER, self.st.step, mb, stage, int(role), int(payload is None))
         body = payload.float() if payload is not None else None
         self.comm.send_slot(dst, head, body, W.deliver_slot(self.program.payload_shape))
+
+    def _relay(self, frame: tuple, b: int, role: Role, mb: int, tainted: bool, x_in, g_in, receiver: int, stage: int):
+        """Carry one message and deliver it to `receiver` (the input of `stage`): before the verifier judges it where
+        the response policy delivers without reading the verdict (`Relay.carry`'s `early`), else after."""
+        sent = []
+        got = self._carry(
+            frame, b, role, mb, tainted, x_in, g_in, lambda p: sent.append(self._deliver(receiver, mb, stage, role, p))
+        )
+        if not sent:
+            self._deliver(receiver, mb, stage, role, got.payload)
+        return got
 
     def _carry(self, frame: tuple, b: int, role: Role, mb: int, tainted: bool, x_in, g_in, early=None):
         """The relay's half of the transport on one framed message (`early`: see `Relay.carry`)."""
