@@ -54,6 +54,8 @@ class Verifier(Protocol):
 class Responder(Protocol):
     """Turns a verdict into the tensor the receiver gets (None = dropped); weighs a step's verdicts."""
 
+    verdict_free: bool  # whether `deliver` decides without reading the verdict (then it may be given None)
+
     def deliver(self, msg: Message, verdict, substitute) -> torch.Tensor | None: ...
 
     def end_step(self, step: int, records: list) -> None: ...
