@@ -196,3 +196,18 @@ def test_whole_payload_baseline_is_kept_only_when_a_substitute_may_be_asked(subs
     det = Sentinel(Sentinel.Config(warmup_steps=5, window=64), seed=0, env=DetectorEnv(substitutes=substitutes))
     feed(det, 3)
     assert (det.substitute(msg(3, 0, honest(3, 0))) is not None) == substitutes
+
+
+def test_gradient_streams_skip_what_gradient_skip_names():
+    """By default gradients are judged without l2_normalized (its honest tail on text: 10-20x spikes); activations
+    keep every statistic, and `gradient_skip: []` judges gradients on all of them."""
+    det, every = small(), small(gradient_skip=())
+    for d in (det, every):
+        feed(d, 6)
+        feed(d, 6, Role.ACTIVATION)
+    assert "l2_normalized" not in det._streams[(0, int(Role.GRADIENT))].names
+    assert "l2_normalized" in det._streams[(0, int(Role.ACTIVATION))].names
+    assert "l2_normalized" in every._streams[(0, int(Role.GRADIENT))].names
+    assert "l2_normalized" not in det.observe(msg(6, 0, honest(6, 0))).scores
+    problems = dict(Sentinel.check_config(Sentinel.Config(distances=("l2_normalized",))))
+    assert "gradient_skip" in problems
