@@ -109,20 +109,33 @@ class TailCalibrator:
         self.last_p = p  # each statistic's own tail probability, for `push_judged`
         return t, p_all, p_sub
 
-    def push_judged(self, t: np.ndarray, p: np.ndarray) -> None:
-        """Learn an accepted message (`t`, judged with per-statistic tail probabilities `p`): a statistic whose own
-        p is below CAP_P is learned capped at its window's largest value, as a flagged message's are.
+    def push_judged(self, t: np.ndarray, p: np.ndarray, capped: bool = True) -> None:
+        """Learn an accepted message (`t`, judged with per-statistic tail probabilities `p`). A statistic whose own
+        p is below CAP_P is learned capped at its window's largest value, as a flagged message's are, when
+        `capped` (the caller allows its sender one such outlier every FLAG_MEMORY steps); otherwise its window
+        does not learn it at all (the value leaving the window stays).
 
         Why: the combined rule accepts a message whose strongest statistic is just short of the Bonferroni
         share of the level (p ~ 1e-4 for one statistic of nine). Learned as it is, such a value stretches its
         window's tail, and the next message of an attacker who stays at that value looks ordinary: on
         byte-level text a random-sign gradient attack was flagged on its first message and on 1 of its next 14
         as its align values (1.0 against an honest 0.003) filled the window. Capped, the window learns that a
-        value at least that far out occurred, never how far, so the attacker's p-values stay small and its
-        sequential evidence grows. Honest traffic loses little: a value with p < 0.01 lies at or beyond the
-        window's largest (the window's top 1%), and a drift of the whole stage is learned as a shift."""
-        top = self._sorted[:, self.count - 1]
-        t = np.where((p < CAP_P) & ~np.isnan(t), np.minimum(t, top), t)
+        value at least that far out occurred, never how far; but an attacker accepted on every message, each
+        learned at the window's largest, still piles values at the top and fattens the fitted tail until its
+        messages sit at the level (a sparse gradient attack at align_tail 1.5 against an honest 0.3 held at
+        evidence ~3.2 for 25 steps). So a sender's outliers teach the windows at most once per FLAG_MEMORY
+        steps, accepted or flagged. Honest traffic loses little: a value with p < 1e-3 lies at or beyond the
+        window's largest, and a drift of the whole stage is learned as a shift."""
+        out = p < CAP_P
+        if out.any():
+            top = self._sorted[:, self.count - 1]
+            if capped:
+                keep = np.minimum(t, top)
+            elif self.count == self.window:
+                keep = self._ring[self._pos]  # the value leaving the window: its window does not change
+            else:
+                keep = self._sorted[:, self.count // 2]
+            t = np.where(out & ~np.isnan(t), keep, t)
         self.push(t, t)
 
     def push_capped(self, t: np.ndarray) -> None:

@@ -19,8 +19,9 @@ Per stream:
     fences     the paper-style rules: Tukey fences Q3 + k IQR over the same windows, e_i = (d_i - Q3_i) / IQR_i;
                combine any (max e_i > k), vote (vote_m-th largest), weighted (sum w_i max(e_i, 0))
     learning   a message at or below the learning level (`learn_level`, `k_learn`) teaches the baseline and
-               the windows; one above it never the baseline, and the windows only its values capped at each
-               window's largest, once per sender every FLAG_MEMORY steps (honest heavy tails thicken the
+               the windows (a statistic of it at p < CAP_P on its own: capped, within the budget below); one
+               above it never the baseline, and the windows only its values capped at each window's largest;
+               a sender's outliers teach the windows once per FLAG_MEMORY steps (honest heavy tails thicken the
                window, a persistent attacker cannot stretch it)
     consensus  honest-majority drift detection (`streams.Stream.stage_shift`): when more than half of the honest replicas
                of the sending stage are anomalous together, it is drift: a message no more anomalous than
@@ -48,7 +49,7 @@ import torch
 from sentinel.config import spec
 from sentinel.detectors.base import Detector, Marker, Verdict
 from sentinel.detectors.baseline import SenderMedianBaseline
-from sentinel.detectors.calibration import TailCalibrator
+from sentinel.detectors.calibration import CAP_P, TailCalibrator
 from sentinel.detectors.distances import (
     DISTANCES,
     Projections,
@@ -422,6 +423,18 @@ class Sentinel(Detector):
             return self._accept(st, sig, lay, msg, values, d, t, marks, p, p_rel, judged=not shift)
         return Verdict(d, False, marks, pvalue=p, relation_pvalue=p_rel)
 
+    @staticmethod
+    def _outlier_budget(st: Stream, msg: Message, p: np.ndarray) -> bool:
+        """Whether an accepted message with a statistic at p < CAP_P may teach it (capped) to its window: once per
+        sender every FLAG_MEMORY steps, the budget flagged messages share (`_learn_outlier`)."""
+        if not (p < CAP_P).any():
+            return True
+        last = st.outlier_at.get(msg.sender)
+        if last is not None and msg.step - last < FLAG_MEMORY:
+            return False
+        st.outlier_at[msg.sender] = msg.step
+        return True
+
     def _learn_outlier(self, st: Stream, msg: Message, values: np.ndarray, t: np.ndarray) -> None:
         """A message above the learning level (flagged at the default levels) never teaches the baseline; its values
         teach the windows capped at each window's largest value (`TailCalibrator.push_capped`), at most once per
@@ -454,7 +467,7 @@ class Sentinel(Detector):
         if np.isfinite(values).all():
             self._learn(st, sig, lay, msg)
             if judged and isinstance(st.fences, TailCalibrator):  # a judged value learns capped (push_judged)
-                st.fences.push_judged(t, st.fences.last_p)
+                st.fences.push_judged(t, st.fences.last_p, self._outlier_budget(st, msg, st.fences.last_p))
             else:
                 st.fences.push(values, t)
         elif not np.isinf(values).any():  # only a relation is missing (NaN): the pooled baseline still learns

@@ -98,3 +98,18 @@ def test_an_accepted_value_far_out_on_its_own_is_learned_capped():
     # the same far value again is still far out; learned as it is, the first had made it ordinary
     again = np.array([top[0] + 50.0, 0.0])
     assert cal.pvalues(again)[0] < 1e-9 and plain.pvalues(again)[0] > 1e-4
+
+
+def test_an_outlier_over_the_senders_budget_is_not_learned_at_all():
+    """push_judged(capped=False): the statistic's window keeps the value that would have left it (an attacker accepted
+    on every message cannot pile values at the window's top); the message's other statistics are learned."""
+    rng = np.random.default_rng(2)
+    cal = TailCalibrator(("a", "b"), 50, (False, False))
+    for _ in range(60):
+        cal.push(np.array([rng.normal(), rng.normal()]))
+    before = cal._sorted[0, : cal.count].copy()
+    t = np.array([before[-1] + 50.0, 0.25])
+    cal.judge(t, np.zeros(2, dtype=bool))
+    cal.push_judged(t, cal.last_p, capped=False)
+    assert np.array_equal(cal._sorted[0, : cal.count], before)  # the same values: nothing learned, nothing left
+    assert 0.25 in cal._sorted[1, : cal.count]

@@ -211,3 +211,21 @@ def test_gradient_streams_skip_what_gradient_skip_names():
     assert "l2_normalized" not in det.observe(msg(6, 0, honest(6, 0))).scores
     problems = dict(Sentinel.check_config(Sentinel.Config(distances=("l2_normalized",))))
     assert "gradient_skip" in problems
+
+
+def test_accepted_outliers_share_the_senders_flag_budget():
+    """An accepted message with a statistic at p < CAP_P teaches it (capped) once per sender every FLAG_MEMORY steps,
+    the budget flagged messages use: a sender accepted just under the level every step cannot fatten a tail."""
+    from sentinel.detectors.calibration import CAP_P
+    from sentinel.detectors.stagewise import FLAG_MEMORY
+
+    det = small()
+    feed(det, 20)
+    st = det._streams[(0, int(Role.GRADIENT))]
+    quiet, far = np.full(len(st.names), 0.5), np.full(len(st.names), 0.5)
+    far[0] = CAP_P / 10
+    assert det._outlier_budget(st, msg(20, 0, None), quiet) and "s1r0" not in st.outlier_at
+    assert det._outlier_budget(st, msg(20, 0, None), far) and st.outlier_at["s1r0"] == 20
+    assert not det._outlier_budget(st, msg(20 + FLAG_MEMORY - 1, 0, None), far)
+    assert det._outlier_budget(st, msg(20 + FLAG_MEMORY - 1, 0, None, sender="s1r1"), far)  # per sender
+    assert det._outlier_budget(st, msg(20 + FLAG_MEMORY, 0, None), far)
