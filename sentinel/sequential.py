@@ -52,26 +52,29 @@ class SequentialEvidence:
     def __init__(self, alpha: float):
         self.threshold = math.log(1.0 / alpha)
         self.cap = CAP_SHARE * self.threshold
-        self.channels: dict[tuple[str, int], float] = {}  # (worker, channel) -> its CUSUM statistic S (nats)
-        self.level: dict[str, float] = {}  # worker -> its largest channel statistic
+        self.channels: dict[str, dict[int, float]] = {}  # worker -> channel -> its CUSUM statistic S (nats)
+
+    @property
+    def level(self) -> dict[str, float]:
+        """worker -> its largest channel statistic."""
+        return {w: max(c.values()) for w, c in self.channels.items()}
 
     def update(self, worker: str, p: float, channel: int = 0) -> float:
         """Add one message's evidence to the worker's statistic for `channel`; returns that statistic."""
-        key = (worker, int(channel))
-        s = max(0.0, self.channels.get(key, 0.0) + min(self.cap, log_evalue(p)))
-        self.channels[key] = s
-        self.level[worker] = max(v for (w, _), v in self.channels.items() if w == worker)
+        mine = self.channels.setdefault(worker, {})
+        s = mine[channel] = max(0.0, mine.get(channel, 0.0) + min(self.cap, log_evalue(p)))
         return s
+
+    def _of(self, worker: str, channel: int) -> float:
+        return self.channels.get(worker, {}).get(channel, 0.0)
 
     def exceeds(self, worker: str, peers: list[str], channel: int = 0) -> bool:
         """Whether the worker's statistic for `channel` crossed the threshold while a strict majority of its peers'
         statistics for the same channel did not reach GUARD_SHARE of it (no peers: its own statistic decides)."""
-        if self.channels.get((worker, int(channel)), 0.0) < self.threshold:
+        if self._of(worker, channel) < self.threshold:
             return False
-        quiet = sum(self.channels.get((p, int(channel)), 0.0) < GUARD_SHARE * self.threshold for p in peers)
+        quiet = sum(self._of(p, channel) < GUARD_SHARE * self.threshold for p in peers)
         return not peers or quiet >= len(peers) // 2 + 1
 
     def forget(self, worker: str) -> None:
-        self.level.pop(worker, None)
-        for key in [k for k in self.channels if k[0] == worker]:
-            del self.channels[key]
+        self.channels.pop(worker, None)

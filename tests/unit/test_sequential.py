@@ -63,12 +63,12 @@ def test_channels_keep_separate_statistics():
         ev.update("w", 1e-5, channel=1)
     assert ev.exceeds("w", [], channel=1) and not ev.exceeds("w", [], channel=0)
     assert not pooled.exceeds("w", [])
-    assert ev.level["w"] == ev.channels[("w", 1)]
+    assert ev.level["w"] == ev.channels["w"][1]
     ev.update("p", 1e-30, channel=0)
     ev.update("p", 1e-30, channel=0)
     assert ev.exceeds("w", ["p"], channel=1)  # a peer standing out in the other direction is no guard here
     ev.forget("w")
-    assert "w" not in ev.level and ("w", 1) not in ev.channels
+    assert "w" not in ev.level and "w" not in ev.channels
 
 
 def _responder(**cfg):
