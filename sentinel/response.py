@@ -286,8 +286,8 @@ class Responder:
         p = verdict.relation_pvalue if tainted else verdict.pvalue
         if p is None:
             return
-        self.evidence.update(msg.sender, p, int(msg.role))
-        if self.evidence.exceeds(msg.sender, self._peers(msg.sender), int(msg.role)):
+        self.evidence.update(msg.sender, p)
+        if self.evidence.exceeds(msg.sender, self._peers(msg.sender)):
             self.ban(msg.sender, msg.step)
 
     def _peers(self, worker: str) -> list[str]:

@@ -9,10 +9,9 @@ never flagged is evidence too.
 How: each message's p-value p (`Verdict.pvalue`, the tail probability of the message under the stream's
 honest traffic) becomes an e-value e(p) = kappa p^(kappa - 1) (a p-to-e calibrator: E[e(p)] <= 1 for any
 p that is uniform or larger under honest traffic, Vovk and Wang 2021) and the worker's statistic is Page's
-CUSUM of log e: S <- max(0, S + min(cap, log e(p))), one S per direction of the worker's messages
-(activations, gradients). The worker is banned when one S reaches h = ln(1 / alpha)
+CUSUM of log e: S <- max(0, S + min(cap, log e(p))). The worker is banned when S >= h = ln(1 / alpha)
 (`response.sequential_alpha`, 1e-8). Under honest traffic log e drifts down (-0.8 per message at
-kappa = 0.2) and an S crosses h on average once per >= 1 / alpha of its messages (the CUSUM's ARL0;
+kappa = 0.2) and S crosses h on average once per >= 1 / alpha messages per worker (the CUSUM's ARL0;
 Ville's inequality bounds any excursion by alpha): a 176-worker mesh sending a million messages expects
 <= 0.01 false bans even before the guards. On a uniform honest stream of 100,000 messages the statistic peaked
 at 8.6-11.5 nats over four seeds (h = 18.4). Guards against what calibration cannot promise:
@@ -43,38 +42,32 @@ def log_evalue(p: float) -> float:
 
 
 class SequentialEvidence:
-    """Page's CUSUM of log e-values per worker and channel (the direction of its messages: activations or
-    gradients), with the cap and the peer guard of the module docstring. A worker is banned when one of its
-    channels crosses the threshold: an attack on one direction is not diluted by the worker's honest messages in
-    the other (a gradient attacker also sends honest activations, each pulling a pooled statistic down by ~1
-    nat). Two statistics per worker at most double the false-ban bound (2 alpha per worker)."""
+    """Page's CUSUM of log e-values per worker, with the cap and the peer guard of the module docstring.
+
+    One statistic per worker over both directions. One per direction was tried (issue-18 note): a gradient
+    attacker's honest activations, p = 1 under Bonferroni and -1.6 nats each, no longer diluted its gradient
+    evidence, and sparse held-out gradient attacks were banned 1-2 steps sooner; but that dilution is also an
+    honest worker's margin against drift its windows have not absorbed, and without it an honest worker was
+    banned on held-out text (a run of p ~ 0.01 on its gradients, then two relation outliers in two steps)."""
 
     def __init__(self, alpha: float):
         self.threshold = math.log(1.0 / alpha)
         self.cap = CAP_SHARE * self.threshold
-        self.channels: dict[str, dict[int, float]] = {}  # worker -> channel -> its CUSUM statistic S (nats)
+        self.level: dict[str, float] = {}  # worker -> its CUSUM statistic S (nats)
 
-    @property
-    def level(self) -> dict[str, float]:
-        """worker -> its largest channel statistic."""
-        return {w: max(c.values()) for w, c in self.channels.items()}
-
-    def update(self, worker: str, p: float, channel: int = 0) -> float:
-        """Add one message's evidence to the worker's statistic for `channel`; returns that statistic."""
-        mine = self.channels.setdefault(worker, {})
-        s = mine[channel] = max(0.0, mine.get(channel, 0.0) + min(self.cap, log_evalue(p)))
+    def update(self, worker: str, p: float) -> float:
+        """Add one message's evidence to the worker's statistic; returns the statistic."""
+        s = max(0.0, self.level.get(worker, 0.0) + min(self.cap, log_evalue(p)))
+        self.level[worker] = s
         return s
 
-    def _of(self, worker: str, channel: int) -> float:
-        return self.channels.get(worker, {}).get(channel, 0.0)
-
-    def exceeds(self, worker: str, peers: list[str], channel: int = 0) -> bool:
-        """Whether the worker's statistic for `channel` crossed the threshold while a strict majority of its peers'
-        statistics for the same channel did not reach GUARD_SHARE of it (no peers: its own statistic decides)."""
-        if self._of(worker, channel) < self.threshold:
+    def exceeds(self, worker: str, peers: list[str]) -> bool:
+        """Whether the worker's statistic crossed the threshold while a strict majority of its peers' did not
+        reach GUARD_SHARE of it (no peers: its own statistic decides)."""
+        if self.level.get(worker, 0.0) < self.threshold:
             return False
-        quiet = sum(self._of(p, channel) < GUARD_SHARE * self.threshold for p in peers)
+        quiet = sum(self.level.get(p, 0.0) < GUARD_SHARE * self.threshold for p in peers)
         return not peers or quiet >= len(peers) // 2 + 1
 
     def forget(self, worker: str) -> None:
-        self.channels.pop(worker, None)
+        self.level.pop(worker, None)
