@@ -31,8 +31,9 @@ Every rule reads "statistic > threshold" and the logged statistic (`evidence`, o
 sweeps the rule's whole ROC from one open-loop run.
 
 Measured (the issue-18 notes): the calibrated rule's honest FPR is 0-0.14% on the synthetic source and 0-0.49%
-on byte-level text at the default level 3 (gradients judged without l2_normalized, `gradient_skip`) (the fences at k = 4: 0.14% and 1.1-6.7%); the relation statistics
-see token permutations, sequence and microbatch exchanges and few-token edits that no pooled statistic sees.
+on byte-level text at the default level 3, gradients judged without l2_normalized (`gradient_skip`); the fences
+at k = 4: 0.14% and 1.1-6.7%. The relation statistics see token permutations, sequence and microbatch
+exchanges and few-token edits that no pooled statistic sees.
 The fence rules' history: `any` beat `vote` and `weighted`; k = 4, k_learn = 2.5, log fences for magnitudes
 and token clipping (issue-4 and issue-6 notes).
 """
@@ -424,9 +425,9 @@ class Sentinel(Detector):
         return Verdict(d, False, marks, pvalue=p, relation_pvalue=p_rel)
 
     @staticmethod
-    def _outlier_budget(st: Stream, msg: Message, p: np.ndarray) -> bool:
-        """Whether an accepted message with a statistic at p < CAP_P may teach it (capped) to its window: once per
-        sender every FLAG_MEMORY steps, the budget flagged messages share (`_learn_outlier`)."""
+    def _take_outlier_budget(st: Stream, msg: Message, p: np.ndarray) -> bool:
+        """Whether an accepted message with a statistic at p < CAP_P may teach it (capped) to its window, and if so
+        spend the sender's budget: once every FLAG_MEMORY steps, shared with flagged messages (`_learn_outlier`)."""
         if not (p < CAP_P).any():
             return True
         last = st.outlier_at.get(msg.sender)
@@ -467,7 +468,7 @@ class Sentinel(Detector):
         if np.isfinite(values).all():
             self._learn(st, sig, lay, msg)
             if judged and isinstance(st.fences, TailCalibrator):  # a judged value learns capped (push_judged)
-                st.fences.push_judged(t, st.fences.last_p, self._outlier_budget(st, msg, st.fences.last_p))
+                st.fences.push_judged(t, st.fences.last_p, self._take_outlier_budget(st, msg, st.fences.last_p))
             else:
                 st.fences.push(values, t)
         elif not np.isinf(values).any():  # only a relation is missing (NaN): the pooled baseline still learns

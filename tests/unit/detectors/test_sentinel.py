@@ -224,8 +224,8 @@ def test_accepted_outliers_share_the_senders_flag_budget():
     st = det._streams[(0, int(Role.GRADIENT))]
     quiet, far = np.full(len(st.names), 0.5), np.full(len(st.names), 0.5)
     far[0] = CAP_P / 10
-    assert det._outlier_budget(st, msg(20, 0, None), quiet) and "s1r0" not in st.outlier_at
-    assert det._outlier_budget(st, msg(20, 0, None), far) and st.outlier_at["s1r0"] == 20
-    assert not det._outlier_budget(st, msg(20 + FLAG_MEMORY - 1, 0, None), far)
-    assert det._outlier_budget(st, msg(20 + FLAG_MEMORY - 1, 0, None, sender="s1r1"), far)  # per sender
-    assert det._outlier_budget(st, msg(20 + FLAG_MEMORY, 0, None), far)
+    assert det._take_outlier_budget(st, msg(20, 0, None), quiet) and "s1r0" not in st.outlier_at
+    assert det._take_outlier_budget(st, msg(20, 0, None), far) and st.outlier_at["s1r0"] == 20
+    assert not det._take_outlier_budget(st, msg(20 + FLAG_MEMORY - 1, 0, None), far)
+    assert det._take_outlier_budget(st, msg(20 + FLAG_MEMORY - 1, 0, None, sender="s1r1"), far)  # per sender
+    assert det._take_outlier_budget(st, msg(20 + FLAG_MEMORY, 0, None), far)
