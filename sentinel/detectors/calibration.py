@@ -113,7 +113,8 @@ class TailCalibrator:
         """Learn an accepted message (`t`, judged with per-statistic tail probabilities `p`). A statistic whose own
         p is below CAP_P is learned capped at its window's largest value, as a flagged message's are, when
         `capped` (the caller allows its sender one such outlier every FLAG_MEMORY steps); otherwise its window
-        does not learn it at all (the value leaving the window stays).
+        does not learn it (the value leaving a full window stays; a window still filling learns its own median,
+        which leaves its tail as it was).
 
         Why: the combined rule accepts a message whose strongest statistic is just short of the Bonferroni
         share of the level (p ~ 1e-4 for one statistic of nine). Learned as it is, such a value stretches its
