@@ -428,13 +428,7 @@ class Sentinel(Detector):
     def _take_outlier_budget(st: Stream, msg: Message, p: np.ndarray) -> bool:
         """Whether an accepted message with a statistic at p < CAP_P may teach it (capped) to its window, and if so
         spend the sender's budget: once every FLAG_MEMORY steps, shared with flagged messages (`_learn_outlier`)."""
-        if not (p < CAP_P).any():
-            return True
-        last = st.outlier_at.get(msg.sender)
-        if last is not None and msg.step - last < FLAG_MEMORY:
-            return False
-        st.outlier_at[msg.sender] = msg.step
-        return True
+        return not (p < CAP_P).any() or st.outlier_due(msg.sender, msg.step, FLAG_MEMORY, mark=False)
 
     def _learn_outlier(self, st: Stream, msg: Message, values: np.ndarray, t: np.ndarray) -> None:
         """A message above the learning level (flagged at the default levels) never teaches the baseline; its values
@@ -442,11 +436,8 @@ class Sentinel(Detector):
         sender every `FLAG_MEMORY` steps: honest outliers from any sender thicken a tail that was too light, a
         sender caught again and again does not. Only the learning level decides this, so the detector's state
         (and an open-loop run's verdicts at every level >= learn_level) does not depend on the flag level."""
-        last = st.outlier_at.get(msg.sender)
-        st.outlier_at[msg.sender] = msg.step
-        if not isinstance(st.fences, TailCalibrator) or np.isnan(values).any():
-            return
-        if last is None or msg.step - last >= FLAG_MEMORY:
+        due = st.outlier_due(msg.sender, msg.step, FLAG_MEMORY, mark=True)
+        if due and isinstance(st.fences, TailCalibrator) and not np.isnan(values).any():
             st.fences.push_capped(t)
 
     def _accept(

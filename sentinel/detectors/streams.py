@@ -61,6 +61,15 @@ class Stream:
         else:
             self.fences = Fences(names, cfg.window, cfg.k, log=fence_logs(cfg, names))
 
+    def outlier_due(self, sender: str, step: int, every: int, mark: bool) -> bool:
+        """Whether `sender` may teach the windows an outlier at `step`: at most once every `every` steps. The clock
+        restarts when it does, and at every outlier when `mark` (a message above the learning level)."""
+        last = self.outlier_at.get(sender)
+        due = last is None or step - last >= every
+        if due or mark:
+            self.outlier_at[sender] = step
+        return due
+
     def stage_shift(self, step: int, e: float, level: float, live: list[str] | None, horizon: int) -> bool:
         """Honest-majority consensus: is this anomalous message part of a stage-wide shift?
 
