@@ -219,6 +219,7 @@ class Responder:
         alpha = getattr(config, "sequential_alpha", None)
         self.evidence = SequentialEvidence(alpha) if alpha is not None else None  # sentinel/sequential.py
         self._tainted: set[int] = set()  # microbatches of this step with an anomalous message so far
+        self._drift: set[tuple[int, int]] = set()  # streams with a stage-wide shift this step (no evidence)
 
     def deliver(
         self, msg: Message, verdict: Verdict | None, substitute: Callable[[Message], torch.Tensor | None] | None = None
@@ -244,9 +245,23 @@ class Responder:
         if self.mode == "open_loop":
             return
         self._routes, self._tainted = {}, set()
+        records = list(records)
+        # streams where the detector recognised a stage-wide shift this step (honest-majority drift)
+        self._drift = {(m.boundary, int(m.role)) for m, v in records if Marker.SHIFT in v.markers}
+        if self.evidence is not None:
+            self.evidence.begin_step()
         for msg, verdict in records:
             if verdict.judged and msg.sender not in self.banned:  # paused: evidence for or against nobody
                 self._record(msg, verdict)
+        if self.evidence is not None:  # every peer's evidence of the step is in: the guard does not depend on order
+            for worker in self.evidence.due():
+                if worker in self.banned:
+                    continue
+                peers = self._peers(worker)
+                if self.evidence.exceeds(worker, peers):
+                    self.ban(worker, step)
+                else:  # a majority of the stage stood out too: drift, not evidence (sentinel/sequential.py)
+                    self.evidence.settle([worker, *peers])
         nxt = step + 1
         if self.config.ban_pvalue < 1.0 and nxt % SCORE_EVERY == 0:
             self._score_tests(nxt)
@@ -284,11 +299,9 @@ class Responder:
         if self.evidence is None or verdict.certain or msg.sender in self.banned:
             return
         p = verdict.relation_pvalue if tainted else verdict.pvalue
-        if p is None:
+        if p is None or (msg.boundary, int(msg.role)) in self._drift:
             return
         self.evidence.update(msg.sender, p)
-        if self.evidence.exceeds(msg.sender, self._peers(msg.sender)):
-            self.ban(msg.sender, msg.step)
 
     def _peers(self, worker: str) -> list[str]:
         return [w for w in self.mesh.live_in_stage(self.mesh.stage_of(worker)) if w != worker]

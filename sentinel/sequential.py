@@ -16,10 +16,20 @@ Ville's inequality bounds any excursion by alpha): a 176-worker mesh sending a m
 <= 0.01 false bans even before the guards. On a uniform honest stream of 100,000 messages the statistic peaked
 at 8.6-11.5 nats over four seeds (h = 18.4). Guards against what calibration cannot promise:
 
-- cap: one message adds at most h / 2, so no single message (an extreme but honest microbatch) bans;
+- cap: one step adds at most h / 2 to a worker, so no single step bans: not an extreme but honest
+  microbatch, and not a stage-wide jump that hits the first microbatches of a step before the detector's
+  consensus recognises it as drift (a 16 x 11 mesh leaving a loss plateau: every replica of its first
+  stage at p ~ 1e-5 to 1e-10 for a step, a replica with two such messages banned within it);
 - peers: a worker is banned only while a strict majority of the live peers of its stage stay below h / 2
   (an honest majority's statistics rise together under drift that the windows have not yet absorbed; an
-  attacker's peers stay quiet), as the peer test's intersection-union rule;
+  attacker's peers stay quiet), as the peer test's intersection-union rule. The responder weighs a whole
+  step before it bans, and a peer counts by the highest its statistic reached in the step, so the guard does
+  not depend on which replica's messages came first;
+- settle: when the guard blocks a ban (a majority of the stage stood out too), every statistic of the stage
+  keeps at most GUARD_SHARE of the threshold: what they gathered beyond it was drift, and left to decay at
+  their own pace they cross the threshold one by one once the majority is quiet again (the same mesh, with
+  a cap per message: six honest replicas banned within a step, seven steps after the jump). An attacker
+  caught in such a step keeps half of its evidence;
 - contamination: once a message of a microbatch looked anomalous (p < 0.01) in a step, the later messages
   of that microbatch (downstream activations, every gradient) carry its corruption through no fault of
   their senders: only their `relation_pvalue` (how a sender's output relates to the input it received,
@@ -32,6 +42,7 @@ import math
 
 KAPPA = 0.2  # the calibrator's exponent: weak evidence (p ~ 0.01-0.05) still counts, strong evidence grows as -log p
 CAP_SHARE = 0.5  # one message adds at most this share of the threshold
+STEP_SHARE = 0.5  # one step adds at most this share of the threshold to a worker (no single step bans)
 GUARD_SHARE = 0.5  # a peer "stands out too" above this share of the threshold
 ANOMALOUS = 0.01  # a message with p below this taints the rest of its microbatch's path (this step)
 
@@ -42,7 +53,9 @@ def log_evalue(p: float) -> float:
 
 
 class SequentialEvidence:
-    """Page's CUSUM of log e-values per worker, with the cap and the peer guard of the module docstring.
+    """Page's CUSUM of log e-values per worker, with the cap, the peer guard and the settling of the module
+    docstring. The responder calls `begin_step`, then `update` for every message of the step, then
+    `exceeds` for each worker of `due()`, and `settle` for a stage whose ban the guard blocked.
 
     One statistic per worker over both directions. One per direction was tried (issue-18 note): a gradient
     attacker's honest activations, p = 1 under Bonferroni and -1.6 nats each, no longer diluted its gradient
@@ -53,21 +66,52 @@ class SequentialEvidence:
     def __init__(self, alpha: float):
         self.threshold = math.log(1.0 / alpha)
         self.cap = CAP_SHARE * self.threshold
+        self.step_cap = STEP_SHARE * self.threshold
         self.level: dict[str, float] = {}  # worker -> its CUSUM statistic S (nats)
+        self.peak: dict[str, float] = {}  # worker -> the highest S of this step (its level at the start included)
+        self._gain: dict[str, float] = {}  # worker -> positive evidence added this step (at most `step_cap`)
+
+    def begin_step(self) -> None:
+        self.peak.clear()
+        self._gain.clear()
 
     def update(self, worker: str, p: float) -> float:
         """Add one message's evidence to the worker's statistic; returns the statistic."""
-        s = max(0.0, self.level.get(worker, 0.0) + min(self.cap, log_evalue(p)))
+        s = self.level.get(worker, 0.0)
+        self.peak.setdefault(worker, s)
+        inc = log_evalue(p)
+        if inc > 0:
+            gained = self._gain.get(worker, 0.0)
+            inc = min(inc, self.cap, self.step_cap - gained)
+            self._gain[worker] = gained + inc
+        s = max(0.0, s + inc)
         self.level[worker] = s
+        self.peak[worker] = max(self.peak[worker], s)
         return s
 
+    def _top(self, worker: str) -> float:
+        return max(self.level.get(worker, 0.0), self.peak.get(worker, 0.0))
+
+    def due(self) -> list[str]:
+        """Workers whose statistic reached the threshold this step (in the order they first sent)."""
+        return [w for w, s in self.peak.items() if s >= self.threshold]
+
     def exceeds(self, worker: str, peers: list[str]) -> bool:
-        """Whether the worker's statistic crossed the threshold while a strict majority of its peers' did not
-        reach GUARD_SHARE of it (no peers: its own statistic decides)."""
-        if self.level.get(worker, 0.0) < self.threshold:
+        """Whether the worker's statistic reached the threshold (this step) while a strict majority of its peers'
+        stayed below GUARD_SHARE of it all step (no peers: its own statistic decides)."""
+        if self._top(worker) < self.threshold:
             return False
-        quiet = sum(self.level.get(p, 0.0) < GUARD_SHARE * self.threshold for p in peers)
+        quiet = sum(self._top(p) < GUARD_SHARE * self.threshold for p in peers)
         return not peers or quiet >= len(peers) // 2 + 1
+
+    def settle(self, workers: list[str]) -> None:
+        """The statistics of `workers` (a stage whose ban the guard blocked) keep at most GUARD_SHARE of the threshold."""
+        top = GUARD_SHARE * self.threshold
+        for w in workers:
+            for d in (self.level, self.peak):
+                if w in d:
+                    d[w] = min(d[w], top)
 
     def forget(self, worker: str) -> None:
         self.level.pop(worker, None)
+        self.peak.pop(worker, None)

@@ -24,12 +24,17 @@ def test_log_evalue_is_the_calibrator():
     assert quad(lambda x: math.exp(log_evalue(x)), 0, 1)[0] == pytest.approx(1.0)  # E[e(p)] = 1 for a uniform p
 
 
-def test_no_single_message_bans_and_two_strong_ones_do():
+def test_no_single_step_bans_and_two_strong_steps_do():
     ev = SequentialEvidence(1e-8)
+    ev.begin_step()
+    for _ in range(5):  # five extreme messages in one step add no more than one
+        ev.update("w", 1e-30)
+    assert ev.level["w"] == pytest.approx(ev.threshold / 2) and not ev.exceeds("w", []) and ev.due() == []
+    ev.begin_step()
     ev.update("w", 1e-30)
-    assert ev.level["w"] == pytest.approx(ev.threshold / 2) and not ev.exceeds("w", [])
-    ev.update("w", 1e-30)
-    assert ev.exceeds("w", [])
+    assert ev.due() == ["w"] and ev.exceeds("w", [])
+    ev.update("w", 1.0)  # evidence against still lowers it within the step, but the step reached the threshold
+    assert ev.level["w"] == pytest.approx(ev.threshold + math.log(KAPPA)) and ev.exceeds("w", [])
 
 
 def test_honest_uniform_pvalues_never_reach_the_threshold():
@@ -42,9 +47,10 @@ def test_honest_uniform_pvalues_never_reach_the_threshold():
 
 def test_peers_that_stand_out_too_block_the_ban():
     ev = SequentialEvidence(1e-8)
-    for w in ("a", "b", "c"):
-        ev.update(w, 1e-30)
-        ev.update(w, 1e-30)
+    for _ in range(2):
+        ev.begin_step()
+        for w in ("a", "b", "c"):
+            ev.update(w, 1e-30)
     assert not ev.exceeds("a", ["b", "c"])  # the whole stage moved: drift, not an attack
     ev.forget("b")
     ev.forget("c")
@@ -61,11 +67,54 @@ def _msg(step, mb, boundary, sender, role=Role.ACTIVATION):
     return Message(step, mb, boundary, role, sender, "x", torch.ones(2, 2))
 
 
-def test_the_responder_bans_on_two_strong_pvalues_within_a_step():
+def _bans(mesh) -> list[str]:
+    return [e.worker for e in mesh.drain() if e.kind == "ban"]
+
+
+def test_the_responder_bans_on_strong_pvalues_in_two_steps_not_one():
     r, mesh = _responder()
     strong = Verdict({}, False, pvalue=1e-12, relation_pvalue=1e-12)
     r.end_step(0, [(_msg(0, 0, 1, "s1r0"), strong), (_msg(0, 1, 1, "s1r0"), strong)])
-    assert [e.worker for e in mesh.drain() if e.kind == "ban"] == ["s1r0"]
+    assert _bans(mesh) == []
+    r.end_step(1, [(_msg(1, 0, 1, "s1r0"), strong)])
+    assert _bans(mesh) == ["s1r0"] and r.banned == {"s1r0": 1}
+
+
+def test_the_guard_weighs_the_whole_step_whoever_sent_first():
+    """A stage-wide jump reaches the replica whose messages come first before its peers': the guard waits for the
+    step's last message, so it blocks the ban in either order, and the stage's statistics settle at the guard level."""
+    strong = Verdict({}, False, pvalue=1e-12)
+    for order in (["s1r0", "s1r1", "s1r2"], ["s1r2", "s1r1", "s1r0"]):
+        r, mesh = _responder()
+        for s in range(2):
+            r.end_step(s, [(_msg(s, i, 1, w), strong) for i, w in enumerate(order)])
+        assert _bans(mesh) == []
+        # settled: what the drift gathered beyond the guard level is not evidence
+        assert all(r.evidence.level[w] == pytest.approx(r.evidence.threshold / 2) for w in order)
+
+
+def test_a_worker_standing_out_alone_is_banned_after_its_peers_rejoin_the_crowd():
+    """Settling is per blocked stage only: an attacker in another stage keeps its evidence."""
+    r, mesh = _responder()
+    strong, calm = Verdict({}, False, pvalue=1e-12), Verdict({}, False, pvalue=0.5)
+    for s in range(2):
+        recs = [(_msg(s, i, 1, w), strong) for i, w in enumerate(["s1r0", "s1r1", "s1r2"])]
+        recs += [(_msg(s, 3, 2, "s2r0"), strong), (_msg(s, 4, 2, "s2r1"), calm), (_msg(s, 5, 2, "s2r2"), calm)]
+        r.end_step(s, recs)
+    assert _bans(mesh) == ["s2r0"]
+
+
+def test_no_evidence_from_a_stream_in_a_stage_wide_shift():
+    """A step in which the detector recognised a stage-wide shift in a stream (SHIFT marker) adds nothing to its
+    senders' statistics: their anomaly is the stage's drift."""
+    from sentinel.detectors.base import Marker
+
+    r, mesh = _responder()
+    strong = Verdict({}, False, pvalue=1e-12)
+    shift = Verdict({}, False, frozenset({Marker.SHIFT}), pvalue=0.2)
+    for s in range(3):
+        r.end_step(s, [(_msg(s, 0, 1, "s1r0"), strong), (_msg(s, 1, 1, "s1r1"), shift)])
+    assert r.evidence.level.get("s1r0", 0.0) == 0.0 and _bans(mesh) == []
 
 
 def test_contaminated_messages_count_only_their_relation_evidence():
