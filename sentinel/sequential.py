@@ -30,6 +30,8 @@ at 8.6-11.5 nats over four seeds (h = 18.4). Guards against what calibration can
   their own pace they cross the threshold one by one once the majority is quiet again (the same mesh, with
   a cap per message: six honest replicas banned within a step, seven steps after the jump). An attacker
   caught in such a step keeps half of its evidence;
+- drift: a step in which the detector recognised a stage-wide shift in a stream (a verdict marked SHIFT: the
+  honest majority of the sending stage anomalous together) adds nothing to that stream's senders;
 - contamination: once a message of a microbatch looked anomalous (p < 0.01) in a step, the later messages
   of that microbatch (downstream activations, every gradient) carry its corruption through no fault of
   their senders: only their `relation_pvalue` (how a sender's output relates to the input it received,
