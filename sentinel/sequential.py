@@ -9,8 +9,8 @@ never flagged is evidence too.
 How: each message's p-value p (`Verdict.pvalue`, the tail probability of the message under the stream's
 honest traffic) becomes an e-value e(p) = kappa p^(kappa - 1) (a p-to-e calibrator: E[e(p)] <= 1 for any
 p that is uniform or larger under honest traffic, Vovk and Wang 2021) and the worker's statistic is Page's
-CUSUM of log e: S <- max(0, S + min(cap, log e(p))). The worker is banned when S >= h = ln(1 / alpha)
-(`response.sequential_alpha`, 1e-8). Under honest traffic log e drifts down (-0.8 per message at
+CUSUM of log e: S <- max(0, S + log e(p)), positive increments capped per step (below). The worker is
+banned when S >= h = ln(1 / alpha) (`response.sequential_alpha`, 1e-8). Under honest traffic log e drifts down (-0.8 per message at
 kappa = 0.2) and S crosses h on average once per >= 1 / alpha messages per worker (the CUSUM's ARL0;
 Ville's inequality bounds any excursion by alpha): a 176-worker mesh sending a million messages expects
 <= 0.01 false bans even before the guards. On a uniform honest stream of 100,000 messages the statistic peaked
