@@ -43,7 +43,6 @@ from __future__ import annotations
 import math
 
 KAPPA = 0.2  # the calibrator's exponent: weak evidence (p ~ 0.01-0.05) still counts, strong evidence grows as -log p
-CAP_SHARE = 0.5  # one message adds at most this share of the threshold
 STEP_SHARE = 0.5  # one step adds at most this share of the threshold to a worker (no single step bans)
 GUARD_SHARE = 0.5  # a peer "stands out too" above this share of the threshold
 ANOMALOUS = 0.01  # a message with p below this taints the rest of its microbatch's path (this step)
@@ -67,7 +66,6 @@ class SequentialEvidence:
 
     def __init__(self, alpha: float):
         self.threshold = math.log(1.0 / alpha)
-        self.cap = CAP_SHARE * self.threshold
         self.step_cap = STEP_SHARE * self.threshold
         self.level: dict[str, float] = {}  # worker -> its CUSUM statistic S (nats)
         self.peak: dict[str, float] = {}  # worker -> the highest S of this step (its level at the start included)
@@ -84,7 +82,7 @@ class SequentialEvidence:
         inc = log_evalue(p)
         if inc > 0:
             gained = self._gain.get(worker, 0.0)
-            inc = min(inc, self.cap, self.step_cap - gained)
+            inc = min(inc, self.step_cap - gained)
             self._gain[worker] = gained + inc
         s = max(0.0, s + inc)
         self.level[worker] = s
