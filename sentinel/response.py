@@ -217,7 +217,8 @@ class Responder:
         self._stats: dict[tuple, dict[str, collections.deque]] = {}  # stream -> sender -> (step, statistics)
         self._stat_names: dict[tuple, tuple[str, ...]] = {}  # stream -> the statistics recorded for it
         alpha = getattr(config, "sequential_alpha", None)
-        self.evidence = SequentialEvidence(alpha) if alpha is not None else None  # sentinel/sequential.py
+        # sentinel/sequential.py: one statistic per worker and direction (activations, gradients)
+        self.evidence = SequentialEvidence(alpha, streams=2) if alpha is not None else None
         self._tainted: set[int] = set()  # microbatches of this step with an anomalous message so far
         self._drift: set[tuple[int, int]] = set()  # streams with a stage-wide shift this step (no evidence)
 
@@ -254,14 +255,14 @@ class Responder:
             if verdict.judged and msg.sender not in self.banned:  # paused: evidence for or against nobody
                 self._record(msg, verdict)
         if self.evidence is not None:  # every peer's evidence of the step is in: the guard does not depend on order
-            for worker in self.evidence.due():
+            for worker, stream in self.evidence.due():
                 if worker in self.banned:
                     continue
                 peers = self._peers(worker)
-                if self.evidence.exceeds(worker, peers):
+                if self.evidence.exceeds(worker, peers, stream):
                     self.ban(worker, step)
                 else:  # a majority of the stage stood out too: drift, not evidence (sentinel/sequential.py)
-                    self.evidence.settle([worker, *peers])
+                    self.evidence.settle([worker, *peers], stream)
         nxt = step + 1
         if self.config.ban_pvalue < 1.0 and nxt % SCORE_EVERY == 0:
             self._score_tests(nxt)
@@ -301,7 +302,7 @@ class Responder:
         p = verdict.relation_pvalue if tainted else verdict.pvalue
         if p is None or (msg.boundary, int(msg.role)) in self._drift:
             return
-        self.evidence.update(msg.sender, p)
+        self.evidence.update(msg.sender, p, int(msg.role))
 
     def _peers(self, worker: str) -> list[str]:
         return [w for w in self.mesh.live_in_stage(self.mesh.stage_of(worker)) if w != worker]

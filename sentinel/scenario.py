@@ -247,9 +247,10 @@ class ResponseConfig:
         1e-8,
         gt=0,
         lt=1,
-        help="sequential evidence test (sentinel/response.py): ban a worker once the CUSUM of its "
-        "messages' log e-values, from the detector's per-message p-values, exceeds ln(1 / sequential_alpha) while "
-        "most of its stage peers' stay below half of it; null: off (detectors without p-values never use it)",
+        help="sequential evidence test (sentinel/sequential.py): ban a worker once the CUSUM of its "
+        "messages' log e-values in one direction (activations or gradients), from the detector's per-message "
+        "p-values, exceeds ln(2 / sequential_alpha) while most of its stage peers' stay below half of it; "
+        "null: off (detectors without p-values never use it)",
     )
 
 

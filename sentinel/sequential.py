@@ -1,4 +1,4 @@
-"""Sequential evidence per worker: a CUSUM of e-values from the detector's per-message p-values.
+"""Sequential evidence per worker and direction: a CUSUM of e-values from the detector's per-message p-values.
 
 Why: a ban that waits for flags to pile up against a worker's peers (the peer test of `response.py`, a
 hypergeometric test at p < 1e-5) needs ~17 flagged messages when each one halves the p-value: 12-14
@@ -9,14 +9,16 @@ never flagged is evidence too.
 How: each message's p-value p (`Verdict.pvalue`, the tail probability of the message under the stream's
 honest traffic) becomes an e-value e(p) = kappa p^(kappa - 1) (a p-to-e calibrator: E[e(p)] <= 1 for any
 p that is uniform or larger under honest traffic, Vovk and Wang 2021) and the worker's statistic is Page's
-CUSUM of log e: S <- max(0, S + log e(p)), positive increments capped per step (below). The worker is
-banned when S >= h = ln(1 / alpha) (`response.sequential_alpha`, 1e-8). Under honest traffic log e drifts down (-0.8 per message at
-kappa = 0.2) and S crosses h on average once per >= 1 / alpha messages per worker (the CUSUM's ARL0;
-Ville's inequality bounds any excursion by alpha): a 176-worker mesh sending a million messages expects
-<= 0.01 false bans even before the guards. On a uniform honest stream of 100,000 messages the statistic peaked
-at 8.6-11.5 nats over four seeds (h = 18.4). Guards against what calibration cannot promise:
+CUSUM of log e: S <- max(0, S + log e(p)), positive increments capped per step (below), one statistic per
+worker and direction (its activations, its gradients). The worker is banned when either reaches
+h = ln(2 / alpha) (`response.sequential_alpha`, 1e-8; the 2 is a union bound over its two statistics). Under
+honest traffic log e drifts down (-2.0 per uniform p at kappa = 0.05, -3.0 at p = 1) and S crosses h on average
+once per >= 2 / alpha messages per worker (the CUSUM's ARL0; Ville's inequality bounds any excursion by
+alpha / 2 per statistic): a 176-worker mesh sending a million messages expects <= 0.01 false bans even before
+the guards. On a uniform honest stream of 100,000 messages the statistic peaked at 1.9-3.4 nats over four seeds
+(h = 19.1). Guards against what calibration cannot promise:
 
-- cap: one step adds at most h / 2 to a worker, so no single step bans: not an extreme but honest
+- cap: one step adds at most h / 2 to a statistic, so no single step bans: not an extreme but honest
   microbatch, and not a stage-wide jump that hits the first microbatches of a step before the detector's
   consensus recognises it as drift (a 16 x 11 mesh leaving a loss plateau: every replica of its first
   stage at p ~ 1e-5 to 1e-10 for a step, a replica with two such messages banned within it);
@@ -42,7 +44,7 @@ from __future__ import annotations
 
 import math
 
-KAPPA = 0.2  # the calibrator's exponent: weak evidence (p ~ 0.01-0.05) still counts, strong evidence grows as -log p
+KAPPA = 0.05  # the calibrator's exponent: p < 0.043 counts for, p = 1e-3 is +3.6 nats, strong evidence grows as -log p
 STEP_SHARE = 0.5  # one step adds at most this share of the threshold to a worker (no single step bans)
 GUARD_SHARE = 0.5  # a peer "stands out too" above this share of the threshold
 ANOMALOUS = 0.01  # a message with p below this taints the rest of its microbatch's path (this step)
@@ -54,64 +56,73 @@ def log_evalue(p: float) -> float:
 
 
 class SequentialEvidence:
-    """Page's CUSUM of log e-values per worker, with the cap, the peer guard and the settling of the module
-    docstring. The responder calls `begin_step`, then `update` for every message of the step, then
-    `exceeds` for each worker of `due()`, and `settle` for a stage whose ban the guard blocked.
+    """Page's CUSUM of log e-values per worker and direction, with the cap, the peer guard and the settling of the
+    module docstring. The responder calls `begin_step`, then `update` for every message of the step, then
+    `exceeds` for each (worker, stream) of `due()`, and `settle` for a stage whose ban the guard blocked.
 
-    One statistic per worker over both directions. One per direction was tried (issue-18 note): a gradient
-    attacker's honest activations, p = 1 under Bonferroni and -1.6 nats each, no longer diluted its gradient
-    evidence, and sparse held-out gradient attacks were banned 1-2 steps sooner; but that dilution is also an
-    honest worker's margin against drift its windows have not absorbed, and without it an honest worker was
-    banned on held-out text (a run of p ~ 0.01 on its gradients, then two relation outliers in two steps)."""
+    One statistic per worker and stream (`streams` of them per worker: its directions), each at the threshold
+    ln(streams / alpha), so a worker's chance of a false ban stays below alpha (a union bound over its streams).
+    Why per stream: in one statistic per worker, a gradient attacker's honest activations (p = 1 under Bonferroni)
+    diluted its gradient evidence, and an activation attacker's honest gradients its activation evidence: dense
+    gradient attacks took 3 steps instead of 2, sparse ones 6.5-8.7 (issue-18 note, stop 26). The other direction
+    was also an honest worker's margin against a run of weak p-values (p ~ 0.01 for ten steps on one honest
+    replica's gradients, held-out text; a false ban at kappa = 0.2 and 0.15): kappa = 0.05 instead of 0.2 restores
+    it (p = 1 costs 3.0 nats instead of 1.6, p = 0.01 earns 1.4 instead of 2.1, p = 1e-3 3.6 instead of 3.9). Replayed
+    on the same recorded p-values, the highest honest statistic fell from 1.11 of the threshold to 0.62 on held-out
+    text and from 0.72 to 0.50 on the main set, at the same speed."""
 
-    def __init__(self, alpha: float):
-        self.threshold = math.log(1.0 / alpha)
+    def __init__(self, alpha: float, streams: int = 1):
+        self.threshold = math.log(streams / alpha)
         self.step_cap = STEP_SHARE * self.threshold
-        self.level: dict[str, float] = {}  # worker -> its CUSUM statistic S (nats)
-        self.peak: dict[str, float] = {}  # worker -> the highest S of this step (its level at the start included)
-        self._gain: dict[str, float] = {}  # worker -> positive evidence added this step (at most `step_cap`)
+        self.level: dict[tuple[str, int], float] = {}  # (worker, stream) -> its CUSUM statistic S (nats)
+        self.peak: dict[tuple[str, int], float] = {}  # the highest S of this step (its level at the start included)
+        self._gain: dict[tuple[str, int], float] = {}  # positive evidence added this step (at most `step_cap`)
 
     def begin_step(self) -> None:
         self.peak.clear()
         self._gain.clear()
 
-    def update(self, worker: str, p: float) -> float:
-        """Add one message's evidence to the worker's statistic; returns the statistic."""
-        s = self.level.get(worker, 0.0)
-        self.peak.setdefault(worker, s)
+    def update(self, worker: str, p: float, stream: int = 0) -> float:
+        """Add one message's evidence to the worker's statistic of `stream`; returns the statistic."""
+        key = (worker, stream)
+        s = self.level.get(key, 0.0)
+        self.peak.setdefault(key, s)
         inc = log_evalue(p)
         if inc > 0:
-            gained = self._gain.get(worker, 0.0)
+            gained = self._gain.get(key, 0.0)
             inc = min(inc, self.step_cap - gained)
-            self._gain[worker] = gained + inc
+            self._gain[key] = gained + inc
         s = max(0.0, s + inc)
-        self.level[worker] = s
-        self.peak[worker] = max(self.peak[worker], s)
+        self.level[key] = s
+        self.peak[key] = max(self.peak[key], s)
         return s
 
-    def _top(self, worker: str) -> float:
-        return max(self.level.get(worker, 0.0), self.peak.get(worker, 0.0))
+    def _top(self, key: tuple[str, int]) -> float:
+        return max(self.level.get(key, 0.0), self.peak.get(key, 0.0))
 
-    def due(self) -> list[str]:
-        """Workers whose statistic reached the threshold this step (in the order they first sent)."""
-        return [w for w, s in self.peak.items() if s >= self.threshold]
+    def due(self) -> list[tuple[str, int]]:
+        """(worker, stream) whose statistic reached the threshold this step (in the order they first sent)."""
+        return [k for k, s in self.peak.items() if s >= self.threshold]
 
-    def exceeds(self, worker: str, peers: list[str]) -> bool:
-        """Whether the worker's statistic reached the threshold (this step) while a strict majority of its peers'
-        stayed below GUARD_SHARE of it all step (no peers: its own statistic decides)."""
-        if self._top(worker) < self.threshold:
+    def exceeds(self, worker: str, peers: list[str], stream: int = 0) -> bool:
+        """Whether the worker's statistic of `stream` reached the threshold (this step) while a strict majority of
+        its peers' (of the same stream) stayed below GUARD_SHARE of it all step (no peers: its own statistic
+        decides)."""
+        if self._top((worker, stream)) < self.threshold:
             return False
-        quiet = sum(self._top(p) < GUARD_SHARE * self.threshold for p in peers)
+        quiet = sum(self._top((p, stream)) < GUARD_SHARE * self.threshold for p in peers)
         return not peers or quiet >= len(peers) // 2 + 1
 
-    def settle(self, workers: list[str]) -> None:
-        """The statistics of `workers` (a stage whose ban the guard blocked) keep at most GUARD_SHARE of the threshold."""
+    def settle(self, workers: list[str], stream: int = 0) -> None:
+        """The statistics of `workers` in `stream` (a stage whose ban the guard blocked) keep at most GUARD_SHARE of
+        the threshold."""
         top = GUARD_SHARE * self.threshold
         for w in workers:
             for d in (self.level, self.peak):
-                if w in d:
-                    d[w] = min(d[w], top)
+                if (w, stream) in d:
+                    d[(w, stream)] = min(d[(w, stream)], top)
 
     def forget(self, worker: str) -> None:
-        self.level.pop(worker, None)
-        self.peak.pop(worker, None)
+        for d in (self.level, self.peak, self._gain):
+            for key in [k for k in d if k[0] == worker]:
+                del d[key]

@@ -29,12 +29,28 @@ def test_no_single_step_bans_and_two_strong_steps_do():
     ev.begin_step()
     for _ in range(5):  # five extreme messages in one step add no more than one
         ev.update("w", 1e-30)
-    assert ev.level["w"] == pytest.approx(ev.threshold / 2) and not ev.exceeds("w", []) and ev.due() == []
+    assert ev.level["w", 0] == pytest.approx(ev.threshold / 2) and not ev.exceeds("w", []) and ev.due() == []
     ev.begin_step()
     ev.update("w", 1e-30)
-    assert ev.due() == ["w"] and ev.exceeds("w", [])
+    assert ev.due() == [("w", 0)] and ev.exceeds("w", [])
     ev.update("w", 1.0)  # evidence against still lowers it within the step, but the step reached the threshold
-    assert ev.level["w"] == pytest.approx(ev.threshold + math.log(KAPPA)) and ev.exceeds("w", [])
+    assert ev.level["w", 0] == pytest.approx(ev.threshold + math.log(KAPPA)) and ev.exceeds("w", [])
+
+
+def test_streams_keep_their_own_statistics_at_a_split_threshold():
+    """One statistic per (worker, stream): another stream's honest messages do not dilute it, and the threshold
+    ln(streams / alpha) keeps a worker's false-ban probability below alpha over its streams."""
+    ev = SequentialEvidence(1e-8, streams=2)
+    assert ev.threshold == pytest.approx(math.log(2e8))
+    for _ in range(2):
+        ev.begin_step()
+        ev.update("w", 1e-30, stream=1)
+        for _ in range(4):
+            ev.update("w", 1.0, stream=0)
+    assert ev.due() == [("w", 1)] and ev.exceeds("w", [], stream=1) and not ev.exceeds("w", [], stream=0)
+    assert ev.level["w", 0] == 0.0
+    ev.forget("w")
+    assert not ev.level and not ev.peak
 
 
 def test_honest_uniform_pvalues_never_reach_the_threshold():
@@ -42,7 +58,7 @@ def test_honest_uniform_pvalues_never_reach_the_threshold():
     rng = np.random.default_rng(1)
     ev = SequentialEvidence(ResponseConfig().sequential_alpha)
     top = max(ev.update("w", float(p)) for p in rng.random(100_000))
-    assert top < 0.75 * ev.threshold
+    assert top < 0.5 * ev.threshold
 
 
 def test_peers_that_stand_out_too_block_the_ban():
@@ -55,6 +71,20 @@ def test_peers_that_stand_out_too_block_the_ban():
     ev.forget("b")
     ev.forget("c")
     assert ev.exceeds("a", ["b", "c"])
+
+
+def test_the_guard_compares_peers_in_the_same_direction():
+    """Peers whose gradients all stand out (a stage-wide drift in that direction) neither block nor excuse a ban on
+    activations: each direction's guard reads the peers' statistics of that direction."""
+    ev = SequentialEvidence(1e-8, streams=2)
+    for _ in range(2):
+        ev.begin_step()
+        for w in ("a", "b", "c"):
+            ev.update(w, 1e-30, stream=1)
+        ev.update("a", 1e-30, stream=0)
+    assert not ev.exceeds("a", ["b", "c"], stream=1)  # the gradients moved together: drift
+    assert ev.exceeds("a", ["b", "c"], stream=0)  # a's activations stand out alone
+    assert sorted(ev.due()) == [("a", 0), ("a", 1), ("b", 1), ("c", 1)]
 
 
 def _responder(**cfg):
@@ -80,6 +110,18 @@ def test_the_responder_bans_on_strong_pvalues_in_two_steps_not_one():
     assert _bans(mesh) == ["s1r0"] and r.banned == {"s1r0": 1}
 
 
+def test_a_gradient_attackers_honest_activations_do_not_dilute_its_gradient_evidence():
+    """Per direction: a worker whose gradients are anomalous is banned in two steps however many honest activations
+    (p = 1, -1.6 nats each) it sends in between."""
+    r, mesh = _responder()
+    strong, calm = Verdict({}, False, pvalue=1e-12), Verdict({}, False, pvalue=1.0)
+    for s in range(2):
+        recs = [(_msg(s, 0, 0, "s1r0", Role.GRADIENT), strong)]
+        recs += [(_msg(s, m, 1, "s1r0"), calm) for m in range(8)]
+        r.end_step(s, recs)
+    assert _bans(mesh) == ["s1r0"]
+
+
 def test_the_guard_weighs_the_whole_step_whoever_sent_first():
     """A stage-wide jump reaches the replica whose messages come first before its peers': the guard waits for the
     step's last message, so it blocks the ban in either order, and the stage's statistics settle at the guard level."""
@@ -90,7 +132,7 @@ def test_the_guard_weighs_the_whole_step_whoever_sent_first():
             r.end_step(s, [(_msg(s, i, 1, w), strong) for i, w in enumerate(order)])
         assert _bans(mesh) == []
         # settled: what the drift gathered beyond the guard level is not evidence
-        assert all(r.evidence.level[w] == pytest.approx(r.evidence.threshold / 2) for w in order)
+        assert all(r.evidence.level[w, 0] == pytest.approx(r.evidence.threshold / 2) for w in order)
 
 
 def test_a_worker_standing_out_alone_is_banned_after_its_peers_rejoin_the_crowd():
@@ -114,7 +156,7 @@ def test_no_evidence_from_a_stream_in_a_stage_wide_shift():
     shift = Verdict({}, False, frozenset({Marker.SHIFT}), pvalue=0.2)
     for s in range(3):
         r.end_step(s, [(_msg(s, 0, 1, "s1r0"), strong), (_msg(s, 1, 1, "s1r1"), shift)])
-    assert r.evidence.level.get("s1r0", 0.0) == 0.0 and _bans(mesh) == []
+    assert r.evidence.level.get(("s1r0", 0), 0.0) == 0.0 and _bans(mesh) == []
 
 
 def test_contaminated_messages_count_only_their_relation_evidence():
@@ -124,7 +166,7 @@ def test_contaminated_messages_count_only_their_relation_evidence():
     down = Verdict({}, False, pvalue=1e-12, relation_pvalue=0.5)  # pooled statistics dragged along
     for s in range(3):
         r.end_step(s, [(_msg(s, 0, 0, "s0r0"), up), (_msg(s, 0, 1, "s1r1"), down)])
-    assert r.evidence.level.get("s1r1", 0.0) == 0.0
+    assert r.evidence.level.get(("s1r1", 0), 0.0) == 0.0
     assert "s1r1" not in [e.worker for e in mesh.drain() if e.kind == "ban"]
 
 
