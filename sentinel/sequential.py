@@ -45,7 +45,7 @@ from __future__ import annotations
 import math
 
 KAPPA = 0.05  # the calibrator's exponent: p < 0.043 counts for, p = 1e-3 is +3.6 nats, strong evidence grows as -log p
-STEP_SHARE = 0.5  # one step adds at most this share of the threshold to a worker (no single step bans)
+STEP_SHARE = 0.5  # one step adds at most this share of the threshold to a statistic (no single step bans)
 GUARD_SHARE = 0.5  # a peer "stands out too" above this share of the threshold
 ANOMALOUS = 0.01  # a message with p below this taints the rest of its microbatch's path (this step)
 
