@@ -221,6 +221,7 @@ class Responder:
         self.evidence = SequentialEvidence(alpha, streams=2) if alpha is not None else None
         self._tainted: set[int] = set()  # microbatches of this step with an anomalous message so far
         self._drift: set[tuple[int, int]] = set()  # streams with a stage-wide shift this step (no evidence)
+        self._pending: list[tuple[str, int, int, float]] = []  # this step's (sender, stage, stream, p) for the evidence
 
     def deliver(
         self, msg: Message, verdict: Verdict | None, substitute: Callable[[Message], torch.Tensor | None] | None = None
@@ -255,6 +256,9 @@ class Responder:
             if verdict.judged and msg.sender not in self.banned:  # paused: evidence for or against nobody
                 self._record(msg, verdict)
         if self.evidence is not None:  # every peer's evidence of the step is in: the guard does not depend on order
+            stages = {stage for _, stage, _, _ in self._pending}
+            self.evidence.weigh_step(self._pending, {s: self.mesh.live_in_stage(s) for s in stages})
+            self._pending = []
             for worker, stream in self.evidence.due():
                 if worker in self.banned:
                     continue
@@ -302,7 +306,7 @@ class Responder:
         p = verdict.relation_pvalue if tainted else verdict.pvalue
         if p is None or (msg.boundary, int(msg.role)) in self._drift:
             return
-        self.evidence.update(msg.sender, p, int(msg.role))
+        self._pending.append((msg.sender, self.mesh.stage_of(msg.sender), int(msg.role), p))
 
     def _peers(self, worker: str) -> list[str]:
         return [w for w in self.mesh.live_in_stage(self.mesh.stage_of(worker)) if w != worker]

@@ -249,7 +249,8 @@ class ResponseConfig:
         lt=1,
         help="sequential evidence test (sentinel/sequential.py): ban a worker once the CUSUM of its "
         "messages' log e-values in one direction (activations or gradients), from the detector's per-message "
-        "p-values, exceeds ln(2 / sequential_alpha) while most of its stage peers' stay below half of it; "
+        "p-values less the level its stage shares, exceeds ln(2 / sequential_alpha) while most of its stage "
+        "peers' stay below half of it; "
         "null: off (detectors without p-values never use it)",
     )
 

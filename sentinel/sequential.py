@@ -21,7 +21,19 @@ the guards. On a uniform honest stream of 100,000 messages the statistic peaked 
 - cap: one step adds at most h / 2 to a statistic, so no single step bans: not an extreme but honest
   microbatch, and not a stage-wide jump that hits the first microbatches of a step before the detector's
   consensus recognises it as drift (a 16 x 11 mesh leaving a loss plateau: every replica of its first
-  stage at p ~ 1e-5 to 1e-10 for a step, a replica with two such messages banned within it);
+  stage at p ~ 1e-5 to 1e-10 for a step, a replica with two such messages banned within it); and one message
+  adds at most h / 3, so no two messages ban either. On the realistic Llama (200 steps) the middle stages'
+  gradients had single honest microbatches at p = 1e-19 and 2e-6 in consecutive steps on one replica: a false
+  ban with h / 2 per message. The windows' tail is calibrated to ~1e-5 (P(p < 1e-5) / 1e-5 = 3.8 on held-out
+  honest traffic), beyond which a p-value says "far out", not how far;
+- common level: evidence a whole stage shares is nobody's (`SequentialEvidence.weigh_step`). The honest drift
+  of a stage can outrun the windows without a stage-wide jump: on the same model the middle stages' gradient
+  relation (1 - cos per token) grew 4-6x over 40 steps, every replica's p-values sat at 0.03-0.5 instead of
+  uniform (about -0.8 nats a message instead of -2.05) with extreme messages now and then, and the statistics that
+  should drain between them did not. So each step, per stage and direction, the level c that a strict majority
+  of the live replicas averaged per message over the last DRIFT_HORIZON steps, less a uniform p's mean, is
+  taken out of every message of the stage (when positive). Under an honest majority c is at most an honest
+  replica's excess: an attacker whose peers are quiet loses nothing but their noise (~0.3 nats a message);
 - peers: a worker is banned only while a strict majority of the live peers of its stage stay below h / 2
   (an honest majority's statistics rise together under drift that the windows have not yet absorbed; an
   attacker's peers stay quiet), as the peer test's intersection-union rule. The responder weighs a whole
@@ -42,10 +54,17 @@ the guards. On a uniform honest stream of 100,000 messages the statistic peaked 
 
 from __future__ import annotations
 
+import collections
 import math
+from collections.abc import Iterable, Mapping
 
 KAPPA = 0.05  # the calibrator's exponent: p < 0.043 counts for, p = 1e-3 is +3.6 nats, strong evidence grows as -log p
 STEP_SHARE = 0.5  # one step adds at most this share of the threshold to a statistic (no single step bans)
+MESSAGE_SHARE = 1 / 3  # one message adds at most this share (no two messages ban, however extreme)
+DRIFT_HORIZON = 5  # steps over which a stage's common level of evidence is measured (`weigh_step`)
+UNIFORM = (
+    math.log(KAPPA) + 1.0 - KAPPA
+)  # the mean log e-value of a uniform p-value (-2.05 nats): honest traffic's drain
 GUARD_SHARE = 0.5  # a peer "stands out too" above this share of the threshold
 ANOMALOUS = 0.01  # a message with p below this taints the rest of its microbatch's path (this step)
 
@@ -74,6 +93,9 @@ class SequentialEvidence:
     def __init__(self, alpha: float, streams: int = 1):
         self.threshold = math.log(streams / alpha)
         self.step_cap = STEP_SHARE * self.threshold
+        self.message_cap = MESSAGE_SHARE * self.threshold
+        self._history: collections.deque = collections.deque(maxlen=DRIFT_HORIZON)  # per step: (stage, stream) ->
+        # worker -> its messages' log e-values (capped), for the stage's common level (`weigh_step`)
         self.level: dict[tuple[str, int], float] = {}  # (worker, stream) -> its CUSUM statistic S (nats)
         self.peak: dict[tuple[str, int], float] = {}  # the highest S of this step (its level at the start included)
         self._gain: dict[tuple[str, int], float] = {}  # positive evidence added this step (at most `step_cap`)
@@ -82,12 +104,13 @@ class SequentialEvidence:
         self.peak.clear()
         self._gain.clear()
 
-    def update(self, worker: str, p: float, stream: int = 0) -> float:
-        """Add one message's evidence to the worker's statistic of `stream`; returns the statistic."""
+    def update(self, worker: str, p: float, stream: int = 0, common: float = 0.0) -> float:
+        """Add one message's evidence (less the stage's `common` level, see `weigh_step`) to the worker's statistic of
+        `stream`; returns the statistic."""
         key = (worker, stream)
         s = self.level.get(key, 0.0)
         self.peak.setdefault(key, s)
-        inc = log_evalue(p)
+        inc = min(log_evalue(p), self.message_cap) - common
         if inc > 0:
             gained = self._gain.get(key, 0.0)
             inc = min(inc, self.step_cap - gained)
@@ -96,6 +119,38 @@ class SequentialEvidence:
         self.level[key] = s
         self.peak[key] = max(self.peak[key], s)
         return s
+
+    def weigh_step(self, messages: Iterable[tuple[str, int, int, float]], live: Mapping[int, Iterable[str]]) -> None:
+        """`update` with one step's messages, (worker, stage, stream, p) in order, less each stream's common level.
+
+        A stage's common level in a stream is the highest c such that a strict majority of its live replicas (`live`:
+        stage -> workers) averaged at least UNIFORM + c nats per message (capped) over the last DRIFT_HORIZON steps: how
+        far above a uniform p's mean the majority stands (0 when fewer of them sent, or c < 0). Every message of the
+        stage's replicas in that stream counts c less. Under an honest majority c is at most an honest replica's excess,
+        so an attacker whose honest peers are quiet keeps its evidence (less their noise), while evidence that the whole
+        stage shares (honest traffic drifting faster than the windows follow, which lowers every replica's p-values
+        together) counts for nobody."""
+        messages = list(messages)
+        now: dict[tuple[int, int], dict[str, list[float]]] = {}
+        for worker, stage, stream, p in messages:
+            now.setdefault((stage, stream), {}).setdefault(worker, []).append(min(log_evalue(p), self.message_cap))
+        self._history.append(now)
+        common: dict[tuple[int, int], float] = {}
+        for stage, stream in now:
+            replicas = set(live.get(stage, ()))
+            if len(replicas) < 2:
+                continue
+            sums: dict[str, list[float]] = {}
+            for past in self._history:
+                for w, v in past.get((stage, stream), {}).items():
+                    if w in replicas:
+                        sums.setdefault(w, []).extend(v)
+            need = len(replicas) // 2 + 1
+            if len(sums) >= need:
+                level = sorted((sum(v) / len(v) for v in sums.values()), reverse=True)[need - 1]
+                common[stage, stream] = max(0.0, level - UNIFORM)
+        for worker, stage, stream, p in messages:
+            self.update(worker, p, stream, common.get((stage, stream), 0.0))
 
     def _top(self, key: tuple[str, int]) -> float:
         return max(self.level.get(key, 0.0), self.peak.get(key, 0.0))

@@ -31,10 +31,25 @@ def test_no_single_step_bans_and_two_strong_steps_do():
         ev.update("w", 1e-30)
     assert ev.level["w", 0] == pytest.approx(ev.threshold / 2) and not ev.exceeds("w", []) and ev.due() == []
     ev.begin_step()
+    ev.update("w", 1e-30)  # one message adds at most a third of the threshold
+    assert ev.level["w", 0] == pytest.approx(ev.threshold * 5 / 6) and ev.due() == []
     ev.update("w", 1e-30)
     assert ev.due() == [("w", 0)] and ev.exceeds("w", [])
     ev.update("w", 1.0)  # evidence against still lowers it within the step, but the step reached the threshold
     assert ev.level["w", 0] == pytest.approx(ev.threshold + math.log(KAPPA)) and ev.exceeds("w", [])
+
+
+def test_two_extreme_messages_do_not_ban():
+    """Two honest microbatches far out in consecutive steps (the realistic Llama's gradients, p = 1e-19 and 2e-6, a
+    false ban before the per-message cap) leave the worker below the threshold; a third one bans."""
+    ev = SequentialEvidence(1e-8)
+    for p in (1e-19, 2e-6):
+        ev.begin_step()
+        ev.update("w", p)
+    assert ev.due() == [] and ev.level["w", 0] == pytest.approx(ev.threshold * 2 / 3)
+    ev.begin_step()
+    ev.update("w", 1e-19)
+    assert ev.due() == [("w", 0)]
 
 
 def test_streams_keep_their_own_statistics_at_a_split_threshold():
@@ -44,6 +59,7 @@ def test_streams_keep_their_own_statistics_at_a_split_threshold():
     assert ev.threshold == pytest.approx(math.log(2e8))
     for _ in range(2):
         ev.begin_step()
+        ev.update("w", 1e-30, stream=1)
         ev.update("w", 1e-30, stream=1)
         for _ in range(4):
             ev.update("w", 1.0, stream=0)
@@ -67,6 +83,7 @@ def test_peers_that_stand_out_too_block_the_ban():
         ev.begin_step()
         for w in ("a", "b", "c"):
             ev.update(w, 1e-30)
+            ev.update(w, 1e-30)
     assert not ev.exceeds("a", ["b", "c"])  # the whole stage moved: drift, not an attack
     ev.forget("b")
     ev.forget("c")
@@ -81,6 +98,8 @@ def test_the_guard_compares_peers_in_the_same_direction():
         ev.begin_step()
         for w in ("a", "b", "c"):
             ev.update(w, 1e-30, stream=1)
+            ev.update(w, 1e-30, stream=1)
+        ev.update("a", 1e-30, stream=0)
         ev.update("a", 1e-30, stream=0)
     assert not ev.exceeds("a", ["b", "c"], stream=1)  # the gradients moved together: drift
     assert ev.exceeds("a", ["b", "c"], stream=0)  # a's activations stand out alone
@@ -106,7 +125,7 @@ def test_the_responder_bans_on_strong_pvalues_in_two_steps_not_one():
     strong = Verdict({}, False, pvalue=1e-12, relation_pvalue=1e-12)
     r.end_step(0, [(_msg(0, 0, 1, "s1r0"), strong), (_msg(0, 1, 1, "s1r0"), strong)])
     assert _bans(mesh) == []
-    r.end_step(1, [(_msg(1, 0, 1, "s1r0"), strong)])
+    r.end_step(1, [(_msg(1, 0, 1, "s1r0"), strong), (_msg(1, 1, 1, "s1r0"), strong)])
     assert _bans(mesh) == ["s1r0"] and r.banned == {"s1r0": 1}
 
 
@@ -116,7 +135,7 @@ def test_a_gradient_attackers_honest_activations_do_not_dilute_its_gradient_evid
     r, mesh = _responder()
     strong, calm = Verdict({}, False, pvalue=1e-12), Verdict({}, False, pvalue=1.0)
     for s in range(2):
-        recs = [(_msg(s, 0, 0, "s1r0", Role.GRADIENT), strong)]
+        recs = [(_msg(s, m, 0, "s1r0", Role.GRADIENT), strong) for m in range(2)]
         recs += [(_msg(s, m, 1, "s1r0"), calm) for m in range(8)]
         r.end_step(s, recs)
     assert _bans(mesh) == ["s1r0"]
@@ -125,23 +144,60 @@ def test_a_gradient_attackers_honest_activations_do_not_dilute_its_gradient_evid
 def test_the_guard_weighs_the_whole_step_whoever_sent_first():
     """A stage-wide jump reaches the replica whose messages come first before its peers': the guard waits for the
     step's last message, so it blocks the ban in either order, and the stage's statistics settle at the guard level."""
-    strong = Verdict({}, False, pvalue=1e-12)
-    for order in (["s1r0", "s1r1", "s1r2"], ["s1r2", "s1r1", "s1r0"]):
-        r, mesh = _responder()
-        for s in range(2):
-            r.end_step(s, [(_msg(s, i, 1, w), strong) for i, w in enumerate(order)])
-        assert _bans(mesh) == []
-        # settled: what the drift gathered beyond the guard level is not evidence
-        assert all(r.evidence.level[w, 0] == pytest.approx(r.evidence.threshold / 2) for w in order)
+    ev = SequentialEvidence(1e-8)
+    for order in (["a", "b", "c"], ["c", "b", "a"]):
+        ev = SequentialEvidence(1e-8)
+        for _ in range(2):
+            ev.begin_step()
+            for w in order:
+                ev.update(w, 1e-30)
+                ev.update(w, 1e-30)
+        due = ev.due()
+        assert sorted(due) == [("a", 0), ("b", 0), ("c", 0)]
+        assert not any(ev.exceeds(w, [x for x in order if x != w]) for w, _ in due)
+        ev.settle(order)  # what the drift gathered beyond the guard level is not evidence
+        assert all(ev.level[w, 0] == pytest.approx(ev.threshold / 2) for w in order)
+
+
+def test_evidence_a_whole_stage_shares_counts_for_nobody():
+    """The responder takes the stage's common level out (`weigh_step`). A stage whose replicas all send p ~ 0.05 (honest
+    drift faster than the windows: -0.15 nats a message instead of a uniform p's -2.05) with an extreme message now
+    and then on each (the realistic Llama's middle-stage gradients over steps 55-100) gathers nothing; a replica far
+    beyond its peers still does."""
+    r, mesh = _responder()
+    replicas = ["s1r0", "s1r1", "s1r2"]
+    drift, strong = Verdict({}, False, pvalue=0.05), Verdict({}, False, pvalue=1e-30)
+    top = 0.0
+    for s in range(30):
+        recs = [(_msg(s, 3 * i + m, 1, w), drift) for i, w in enumerate(replicas) for m in range(3)]
+        r.end_step(s, recs + [(_msg(s, 9, 1, replicas[s % 3]), strong)])
+        top = max(top, *r.evidence.level.values())
+    assert _bans(mesh) == [] and top < r.evidence.threshold / 4  # one extreme message's worth, never more
+    for s in range(30, 33):  # an attacker among them: every message extreme (two steps of h / 2, up to rounding)
+        recs = [(_msg(s, 3 * i + m, 1, w), drift) for i, w in enumerate(replicas[1:]) for m in range(3)]
+        r.end_step(s, recs + [(_msg(s, 6 + m, 1, "s1r0"), strong) for m in range(3)])
+    assert _bans(mesh) == ["s1r0"] and r.banned["s1r0"] <= 32
+
+
+def test_a_malicious_minority_cannot_raise_the_common_level():
+    """The common level is what a strict majority of the stage reaches: one replica's own evidence (an attacker's)
+    does not discount it, so it is banned in two steps whatever its peers' quiet messages."""
+    r, mesh = _responder()
+    strong, calm = Verdict({}, False, pvalue=1e-12), Verdict({}, False, pvalue=0.5)
+    for s in range(2):
+        recs = [(_msg(s, 0, 1, "s1r1"), calm), (_msg(s, 1, 1, "s1r2"), calm)]
+        r.end_step(s, recs + [(_msg(s, 2 + m, 1, "s1r0"), strong) for m in range(2)])
+    assert _bans(mesh) == ["s1r0"]
 
 
 def test_a_worker_standing_out_alone_is_banned_after_its_peers_rejoin_the_crowd():
-    """Settling is per blocked stage only: an attacker in another stage keeps its evidence."""
+    """The common level is per stage: an attacker in another stage keeps its evidence."""
     r, mesh = _responder()
     strong, calm = Verdict({}, False, pvalue=1e-12), Verdict({}, False, pvalue=0.5)
     for s in range(2):
         recs = [(_msg(s, i, 1, w), strong) for i, w in enumerate(["s1r0", "s1r1", "s1r2"])]
-        recs += [(_msg(s, 3, 2, "s2r0"), strong), (_msg(s, 4, 2, "s2r1"), calm), (_msg(s, 5, 2, "s2r2"), calm)]
+        recs += [(_msg(s, 3 + m, 2, "s2r0"), strong) for m in range(2)]
+        recs += [(_msg(s, 5, 2, "s2r1"), calm), (_msg(s, 6, 2, "s2r2"), calm)]
         r.end_step(s, recs)
     assert _bans(mesh) == ["s2r0"]
 
