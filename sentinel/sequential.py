@@ -76,8 +76,9 @@ def log_evalue(p: float) -> float:
 
 class SequentialEvidence:
     """Page's CUSUM of log e-values per worker and direction, with the cap, the peer guard and the settling of the
-    module docstring. The responder calls `begin_step`, then `update` for every message of the step, then
-    `exceeds` for each (worker, stream) of `due()`, and `settle` for a stage whose ban the guard blocked.
+    module docstring. The responder calls `begin_step`, then `weigh_step` with every message of the step (which
+    `update`s each, less its stage's common level), then `exceeds` for each (worker, stream) of `due()`, and
+    `settle` for a stage whose ban the guard blocked.
 
     One statistic per worker and stream (`streams` of them per worker: its directions), each at the threshold
     ln(streams / alpha), so a worker's chance of a false ban stays below alpha (a union bound over its streams).
