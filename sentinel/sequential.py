@@ -141,14 +141,14 @@ class SequentialEvidence:
             replicas = set(live.get(stage, ()))
             if len(replicas) < 2:
                 continue
-            sums: dict[str, list[float]] = {}
+            recent: dict[str, list[float]] = {}  # live replica -> its capped log e-values over the horizon
             for past in self._history:
                 for w, v in past.get((stage, stream), {}).items():
                     if w in replicas:
-                        sums.setdefault(w, []).extend(v)
+                        recent.setdefault(w, []).extend(v)
             need = len(replicas) // 2 + 1
-            if len(sums) >= need:
-                level = sorted((sum(v) / len(v) for v in sums.values()), reverse=True)[need - 1]
+            if len(recent) >= need:
+                level = sorted((sum(v) / len(v) for v in recent.values()), reverse=True)[need - 1]
                 common[stage, stream] = max(0.0, level - UNIFORM)
         for worker, stage, stream, p in messages:
             self.update(worker, p, stream, common.get((stage, stream), 0.0))
