@@ -62,9 +62,8 @@ KAPPA = 0.05  # the calibrator's exponent: p < 0.043 counts for, p = 1e-3 is +3.
 STEP_SHARE = 0.5  # one step adds at most this share of the threshold to a statistic (no single step bans)
 MESSAGE_SHARE = 1 / 3  # one message adds at most this share (no two messages ban, however extreme)
 DRIFT_HORIZON = 5  # steps over which a stage's common level of evidence is measured (`weigh_step`)
-UNIFORM = (
-    math.log(KAPPA) + 1.0 - KAPPA
-)  # the mean log e-value of a uniform p-value (-2.05 nats): honest traffic's drain
+# the mean log e-value of a uniform p-value (-2.05 nats): honest traffic's drain
+UNIFORM = math.log(KAPPA) + 1.0 - KAPPA
 GUARD_SHARE = 0.5  # a peer "stands out too" above this share of the threshold
 ANOMALOUS = 0.01  # a message with p below this taints the rest of its microbatch's path (this step)
 
