@@ -152,7 +152,10 @@ def relation(y, r, start, stride, out):  # pragma: no cover - compiled
     token (sequence position of the same sequence); rows start, start + stride, ... are used (the tokens the
     signature's moments sample). Both are centred by their own per-feature mean over those rows; for every
     such token with non-zero centred vectors, cos_i = <y_i, r_i> / (|y_i| |r_i|). Writes out[0] = 1 - mean_i
-    cos_i and out[1] = 1 - min_i cos_i (both 1 when no token qualifies: a constant message). float64 sums;
+    cos_i and out[1] = 1 - min_i cos_i (both 1 when no token qualifies: a constant message) and, when `out` has
+    four entries, out[2] = max_i (m - g_i) and out[3] = max_i (g_i - m), g_i = log(|y_i| / |r_i|) the token's gain on
+    the tokens as sent (not centred) and m the median gain, over the tokens with r_i != 0 (a zeroed token: g_i ~ -69;
+    0 when none). float64 sums;
     `fastmath` (reassociated sums) is fine: nothing here needs to match another computation bit for bit.
     """
     n, C = y.shape
@@ -170,16 +173,27 @@ def relation(y, r, start, stride, out):  # pragma: no cover - compiled
     total = 0.0
     low = 1.0
     count = 0
+    gains = np.empty((n - start + stride - 1) // stride)
+    m_gain = 0
     for i in range(start, n, stride):
         dot = 0.0
         ny = 0.0
         nr = 0.0
+        sy = 0.0
+        sr = 0.0
         for c in range(C):
             a = y[i, c] - my[c]
             b = r[i, c] - mr[c]
             dot += a * b
             ny += a * a
             nr += b * b
+            yv = np.float64(y[i, c])
+            rv = np.float64(r[i, c])
+            sy += yv * yv
+            sr += rv * rv
+        if sr > 0.0:
+            gains[m_gain] = 0.5 * (np.log(sy + 1e-60) - np.log(sr))
+            m_gain += 1
         if ny > 0.0 and nr > 0.0:
             cs = dot / np.sqrt(ny * nr)
             total += cs
@@ -192,6 +206,18 @@ def relation(y, r, start, stride, out):  # pragma: no cover - compiled
     else:
         out[0] = 1.0 - total / count
         out[1] = 1.0 - low
+    if out.shape[0] > 3:
+        low = 0.0
+        high = 0.0
+        if m_gain > 0:
+            mid = np.median(gains[:m_gain])
+            for j in range(m_gain):
+                if mid - gains[j] > low:
+                    low = mid - gains[j]
+                if gains[j] - mid > high:
+                    high = gains[j] - mid
+        out[2] = low
+        out[3] = high
 
 
 @numba.njit(cache=True, nogil=True)

@@ -10,7 +10,7 @@ Per stream:
     baseline   bias-corrected EMA of message signatures (decay beta_act forward, beta_grad backward); token
                clipping first (a token longer than `token_clip` x the median is scaled down, `distances.py`)
     statistics pooled distances to the baseline (`distances.py`) and token-level relations to what the sender
-               received (`tokens.py`: align, align_tail; token_norm on request)
+               received (`tokens.py`: align, align_tail, gain_low; token_norm and gain_high on request)
     calibrated (default) each statistic's tail probability under the stream's honest traffic, from a
                generalised Pareto tail fitted to a window of its last `window` accepted values
                (`calibration.py`; log scale for the magnitudes), Bonferroni-combined into the message's
@@ -61,6 +61,7 @@ from sentinel.detectors.distances import (
 )
 from sentinel.detectors.streams import Stream, mix
 from sentinel.detectors.tokens import (
+    GAIN_STATS,
     RELATION_STATS,
     IdRelation,
     is_token_ids,
@@ -83,11 +84,16 @@ DistanceName = Literal[
     "token_norm",
     "align",
     "align_tail",
+    "gain_low",
+    "gain_high",
 ]
 # The default: every pooled distance and the relation statistics. token_norm (max / median token norm) is left out:
 # honest gradients of the last stage grow single huge tokens as the model learns (max / median from ~3 to 20-570
 # on byte-level text within 50 steps), faster than any window follows; the relation's tail sees a few tampered tokens.
-STATISTICS = DISTANCES + ("align", "align_tail")
+# gain_high is left out too: honest gradients move magnitude onto a few tokens (a token's gain over the median up to
+# e^3.5 on byte-level text, e^2.4 on the realistic Llama), so two tokens scaled x10 stay inside it; honest tokens
+# seldom lose magnitude against the others (gain_low <= 0.4 on gradients), so tokens shrunk or zeroed stand out.
+STATISTICS = DISTANCES + ("align", "align_tail", "gain_low")
 FLAG_MEMORY = 10  # steps: a sender's outliers teach the windows (capped) at most once in this many
 MIN_EVIDENCE = 40  # accepted values a window needs before its p-values feed the sequential test (8 above Q80)
 
@@ -120,7 +126,7 @@ class Sentinel(Detector):
         distances: tuple[DistanceName, ...] = spec(
             STATISTICS,
             help="statistics judged: the pooled distances to the baseline and the token-level ones "
-            "(tokens.py: align and align_tail where the sender's input is known; token_norm on request)",
+            "(tokens.py: align, align_tail and gain_low where the sender's input is known; token_norm and gain_high on request)",
         )
         gradient_skip: tuple[DistanceName, ...] = spec(
             ("l2_normalized",),
@@ -240,7 +246,7 @@ class Sentinel(Detector):
         self._proj: dict[int, Projections] = {}
         self._key = mix(seed, 0x70C)  # private: never in the public view (a real verifier's secret)
         self._norms = np.empty(2)  # scratch: the (median^2, max^2) token norms of the message being judged
-        self._rel = np.empty(2)  # scratch: (align, align_tail)
+        self._rel = np.empty(4)  # scratch: (align, align_tail, gain_low, gain_high)
         self._ids_now: tuple[np.ndarray, np.ndarray] | None = None  # (projected sampled tokens, their ids): learned
         # with the message when it is accepted (first-stage streams only)
 
@@ -288,11 +294,12 @@ class Sentinel(Detector):
         self._ids_now = None
         if st.ids is not None and is_token_ids(reference, payload):
             self._ids_now = self._sampled_ids(payload, reference, offset)
-            ok = st.ids.judge(*self._ids_now, self._rel)
-            got["align"], got["align_tail"] = (float(v) for v in self._rel) if ok else (np.nan, np.nan)
-        elif "align" in st.names or "align_tail" in st.names:
+            ok = st.ids.judge(*self._ids_now, self._rel[:2])
+            got["align"], got["align_tail"] = (float(v) for v in self._rel[:2]) if ok else (np.nan, np.nan)
+        elif RELATION_STATS.intersection(st.names):
             ok = relation(payload, reference, self._rel, self.config.max_tokens, offset)
-            got["align"], got["align_tail"] = (float(v) for v in self._rel) if ok else (np.nan, np.nan)
+            names = ("align", "align_tail", "gain_low", "gain_high")
+            got.update(zip(names, (float(v) for v in self._rel) if ok else (np.nan,) * 4))
         return np.array([got[n] for n in st.names])
 
     def _sampled_ids(self, payload: torch.Tensor, ids: torch.Tensor, offset: int) -> tuple[np.ndarray, np.ndarray]:
@@ -309,11 +316,12 @@ class Sentinel(Detector):
         ref = reference_of(self.env, msg)
         has_ref = relation(msg.payload, ref, self._rel)
         self._ids_now = None
+        skip = self.config.gradient_skip if msg.role == Role.GRADIENT else ()
         if is_token_ids(ref, msg.payload):  # the first stage: the relation is to its input token ids
             st.ids = IdRelation(self.config.num_projections, self.config.beta_act)
             self._ids_now = self._sampled_ids(msg.payload, ref, offset)
+            skip = (*skip, *GAIN_STATS)  # token ids have no magnitude to compare a gain with
         has_ref = has_ref or st.ids is not None
-        skip = self.config.gradient_skip if msg.role == Role.GRADIENT else ()
         st.setup(self.config, tuple(n for n in self.names if (has_ref or n not in RELATION_STATS) and n not in skip))
         st.fences.set_resolution(resolutions(st.names, lay))
         self._learn(st, sig, lay, msg)

@@ -3,11 +3,24 @@
 Every pooled statistic of `distances.py` (per-feature means, moments, sliced quantiles of the token cloud)
 is a function of the *multiset* of token vectors: it does not change when a sender reorders its tokens
 along the sequence or the batch, exchanges whole sequences or microbatches, or alters a handful of
-tokens among hundreds. Three statistics look at tokens one by one (all "larger = more anomalous"):
+tokens among hundreds. Five statistics look at tokens one by one (all "larger = more anomalous"; judged by
+default: align, align_tail, gain_low):
 
     token_norm   max_i |x_i| / median_i |x_i|         (few tokens scaled up; measured before clipping)
     align        1 - mean_i cos(y_i - ybar, r_i - rbar)   (the relation between what a stage received and
     align_tail   1 - min_i  cos(y_i - ybar, r_i - rbar)    what it sent, token by token)
+    gain_low     max_i (m - g_i)    g_i = log(|y_i| / |r_i|), a token's gain from what the sender received to what
+    gain_high    max_i (g_i - m)    it sent, m the median gain: a token that lost (shrunk, zeroed) or gained
+                                    magnitude against the message's other tokens, whatever its direction
+
+A direction test cannot see a token scaled by a positive factor: its cosine with its input is unchanged (and a
+shrunk token's, after centring, moves little). Its gain does move. Honest gains are lopsided: a stage's backward
+pass moves gradient magnitude *onto* a few tokens (g_out = g_in + J^T g_in, J^T summing what later tokens send
+back), so gain_high reaches e^3.5 on honest byte-level text and e^2.4 on the realistic Llama, and two gradient
+tokens scaled x10 stay inside it (on request only); while an honest token seldom *loses* magnitude against the
+others (gain_low <= 0.4 on gradients of both, <= 1.1 on activations), so gain_low sees tokens shrunk (x 0.05:
+3.0) or zeroed (a zero norm counts as 1e-30: gain_low ~ 69 + log |r_i|). Neither is judged on the first stage
+(its input is token ids, with no magnitude to compare).
 
 For `align`, y is the message and r what its sender received for the same microbatch
 (`DetectorEnv.sender_inputs`): the input activation of a forward message, the gradient it received for
@@ -40,8 +53,9 @@ import math
 import numpy as np
 import torch
 
-TOKEN_STATS = ("token_norm", "align", "align_tail")
-RELATION_STATS = frozenset({"align", "align_tail"})  # NaN where the sender's input is not available
+TOKEN_STATS = ("token_norm", "align", "align_tail", "gain_low", "gain_high")
+GAIN_STATS = ("gain_low", "gain_high")  # not on the first stage: its input is token ids
+RELATION_STATS = frozenset({"align", "align_tail", *GAIN_STATS})  # NaN where the sender's input is not available
 
 
 def token_norm(norms: np.ndarray) -> float:
@@ -66,7 +80,8 @@ def relation(
     max_tokens: int | None = None,
     offset: int = 0,
 ) -> bool:
-    """Writes (align, align_tail) of `payload` against `reference` to `out` (2,); False (out untouched) when
+    """Writes (align, align_tail[, gain_low, gain_high]) of `payload` against `reference` to `out` (2 or 4 entries);
+    False (out untouched) when
     there is no comparable reference (none, token ids, another shape). Over every s-th token from `offset`
     (s = ceil(N / max_tokens), the tokens the signature's moments sample), or all of them."""
     if reference is None or not torch.is_floating_point(reference) or reference.shape != payload.shape:

@@ -31,6 +31,19 @@ def test_token_permutations_are_banned_within_five_steps(role):
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("factor", [0.0, 0.05])
+def test_a_few_gradient_tokens_zeroed_or_shrunk_are_banned_within_five_steps(factor):
+    """Tokens shrunk or zeroed keep their direction (align_tail does not see them) but lose their gain over the
+    gradient the sender received (gain_low). Without gain_low, x 0.05 was not banned in these 24 steps (zeroed: 3
+    steps, where the centred direction of a zero token still moves align_tail)."""
+    attack = f"{{name: few_tokens, role: gradient, start: 10, attack: scaling, params: {{alpha: {factor}}}, tokens: 3}}"
+    engine, malicious = run(f"adversary.attacks=[{attack}]")
+    w = worker_metrics(engine.log, malicious)
+    assert sorted(w["banned"]) == sorted(malicious) and w["false_bans"] == 0
+    assert w["max_steps_to_ban"] <= 5
+
+
+@pytest.mark.slow
 def test_honest_text_traffic_keeps_the_false_alarm_rate_low():
     engine, _ = run("data.source=text", "adversary.attacks=[]", "training.steps=40")
     assert message_metrics(engine.log)["fpr"] <= 0.01 and len(engine.log.bans) == 0

@@ -88,6 +88,45 @@ def test_a_single_flipped_token_moves_the_tail():
     assert honest[1] < 0.5 and bad[1] > 1.5  # but takes the minimum cosine to ~-1
 
 
+def reference_gains(y: np.ndarray, r: np.ndarray) -> tuple[float, float]:
+    y, r = y.reshape(-1, y.shape[-1]).astype(np.float64), r.reshape(-1, r.shape[-1]).astype(np.float64)
+    ny, nr = np.linalg.norm(y, axis=1), np.linalg.norm(r, axis=1)
+    ok = nr > 0
+    g = 0.5 * (np.log(ny[ok] ** 2 + 1e-60) - np.log(nr[ok] ** 2))
+    if not ok.any():
+        return 0.0, 0.0
+    m = np.median(g)
+    return max(0.0, float((m - g).max())), max(0.0, float((g - m).max()))
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_gain_kernel_is_the_numpy_definition(seed):
+    y, r = residual_pair(seed)
+    out = np.empty(4)
+    assert relation(y, r, out)
+    np.testing.assert_allclose(out[:2], reference_relation(y.numpy(), r.numpy()), rtol=1e-9, atol=1e-12)
+    np.testing.assert_allclose(out[2:], reference_gains(y.numpy(), r.numpy()), rtol=1e-9, atol=1e-12)
+    assert relation(y, r, out, max_tokens=16, offset=3)  # 64 tokens: every 4th from 3
+    want = reference_gains(y.reshape(-1, 32)[3::4].numpy(), r.reshape(-1, 32)[3::4].numpy())
+    np.testing.assert_allclose(out[2:], want, rtol=1e-9, atol=1e-12)
+
+
+@pytest.mark.parametrize("factor", [10.0, 0.05, 0.0])
+def test_a_few_rescaled_tokens_move_the_gain_not_the_direction(factor):
+    """Scaling a token keeps its direction (align_tail barely moves) but not its gain over the sender's input:
+    gain_high sees tokens scaled up, gain_low tokens shrunk or zeroed."""
+    y, r = residual_pair(1)
+    t = y.clone()
+    t.view(-1, 32)[[7, 40]] *= factor
+    honest, bad = np.empty(4), np.empty(4)
+    relation(y, r, honest)
+    relation(t, r, bad)
+    side = 3 if factor > 1 else 2
+    assert honest[side] < 0.5 and bad[side] > 1.5 and bad[5 - side] < 0.5
+    if factor > 1:
+        assert bad[1] - honest[1] < 0.3  # the direction test alone would not see it
+
+
 def test_token_norm_is_max_over_median():
     assert token_norm(np.array([4.0, 36.0])) == pytest.approx(3.0)
     assert token_norm(np.array([0.0, 0.0])) == 1.0 and token_norm(np.array([0.0, 1.0])) == np.inf
