@@ -21,11 +21,15 @@ the guards. On a uniform honest stream of 100,000 messages the statistic peaked 
 - cap: one step adds at most h / 2 to a statistic, so no single step bans: not an extreme but honest
   microbatch, and not a stage-wide jump that hits the first microbatches of a step before the detector's
   consensus recognises it as drift (a 16 x 11 mesh leaving a loss plateau: every replica of its first
-  stage at p ~ 1e-5 to 1e-10 for a step, a replica with two such messages banned within it); and one message
-  adds at most h / 3, so no two messages ban either. On the realistic Llama (200 steps) the middle stages'
-  gradients had single honest microbatches at p = 1e-19 and 2e-6 in consecutive steps on one replica: a false
-  ban with h / 2 per message. The windows' tail is calibrated to ~1e-5 (P(p < 1e-5) / 1e-5 = 3.8 on held-out
-  honest traffic), beyond which a p-value says "far out", not how far;
+  stage at p ~ 1e-5 to 1e-10 for a step, a replica with two such messages banned within it). One message adds
+  at most h / 2 while its stage is quiet, and at most h / 3 while the stage drifts (its common level, below, is
+  positive) or too few of its replicas sent to tell: then no two messages ban either. On the realistic Llama
+  (200 steps) the middle stages' gradients had single honest microbatches at p = 1e-19 and 2e-6 in consecutive
+  steps on one replica, while the stage drifted: a false ban with h / 2 per message. The windows' tail is
+  calibrated to ~1e-5 (P(p < 1e-5) / 1e-5 = 3.8 on held-out honest traffic), beyond which a p-value says "far
+  out", not how far. In a quiet stage the strict cap only slowed attackers: a sparse one (a third of its messages
+  tampered, each flagged) lost to its honest messages' drain (p = 1, -3.0 nats each) most of what its tampered
+  ones earned, and took 12-27 steps on held-out text;
 - common level: evidence a whole stage shares is nobody's (`SequentialEvidence.weigh_step`). The honest drift
   of a stage can outrun the windows without a stage-wide jump: on the same model the middle stages' gradient
   relation (1 - cos per token) grew 4-6x over 40 steps, every replica's p-values sat at 0.03-0.5 instead of
@@ -60,7 +64,8 @@ from collections.abc import Iterable, Mapping
 
 KAPPA = 0.05  # the calibrator's exponent: p < 0.043 counts for, p = 1e-3 is +3.6 nats, strong evidence grows as -log p
 STEP_SHARE = 0.5  # one step adds at most this share of the threshold to a statistic (no single step bans)
-MESSAGE_SHARE = 1 / 3  # one message adds at most this share (no two messages ban, however extreme)
+MESSAGE_SHARE = 1 / 3  # one message adds at most this share while its stage drifts (no two messages ban)
+QUIET_MESSAGE_SHARE = 0.5  # ... and at most this share while its stage is quiet (common level <= 0, `weigh_step`)
 DRIFT_HORIZON = 5  # steps over which a stage's common level of evidence is measured (`weigh_step`)
 # the mean log e-value of a uniform p-value (-2.05 nats): honest traffic's drain
 UNIFORM = math.log(KAPPA) + 1.0 - KAPPA
@@ -94,6 +99,7 @@ class SequentialEvidence:
         self.threshold = math.log(streams / alpha)
         self.step_cap = STEP_SHARE * self.threshold
         self.message_cap = MESSAGE_SHARE * self.threshold
+        self.quiet_message_cap = QUIET_MESSAGE_SHARE * self.threshold
         self._history: collections.deque = collections.deque(maxlen=DRIFT_HORIZON)  # per step: (stage, stream) ->
         # worker -> its messages' log e-values (capped), for the stage's common level (`weigh_step`)
         self.level: dict[tuple[str, int], float] = {}  # (worker, stream) -> its CUSUM statistic S (nats)
@@ -104,13 +110,13 @@ class SequentialEvidence:
         self.peak.clear()
         self._gain.clear()
 
-    def update(self, worker: str, p: float, stream: int = 0, common: float = 0.0) -> float:
-        """Add one message's evidence (less the stage's `common` level, see `weigh_step`) to the worker's statistic of
-        `stream`; returns the statistic."""
+    def update(self, worker: str, p: float, stream: int = 0, common: float = 0.0, cap: float | None = None) -> float:
+        """Add one message's evidence (capped at `cap`, by default `message_cap`; less the stage's `common` level, see
+        `weigh_step`) to the worker's statistic of `stream`; returns the statistic."""
         key = (worker, stream)
         s = self.level.get(key, 0.0)
         self.peak.setdefault(key, s)
-        inc = min(log_evalue(p), self.message_cap) - common
+        inc = min(log_evalue(p), self.message_cap if cap is None else cap) - common
         if inc > 0:
             gained = self._gain.get(key, 0.0)
             inc = min(inc, self.step_cap - gained)
@@ -135,7 +141,7 @@ class SequentialEvidence:
         for worker, stage, stream, p in messages:
             now.setdefault((stage, stream), {}).setdefault(worker, []).append(min(log_evalue(p), self.message_cap))
         self._history.append(now)
-        common: dict[tuple[int, int], float] = {}
+        common: dict[tuple[int, int], float] = {}  # the level beyond UNIFORM, negative too (where it is known)
         for stage, stream in now:
             replicas = set(live.get(stage, ()))
             if len(replicas) < 2:
@@ -148,9 +154,13 @@ class SequentialEvidence:
             need = len(replicas) // 2 + 1
             if len(recent) >= need:
                 level = sorted((sum(v) / len(v) for v in recent.values()), reverse=True)[need - 1]
-                common[stage, stream] = max(0.0, level - UNIFORM)
+                common[stage, stream] = level - UNIFORM
         for worker, stage, stream, p in messages:
-            self.update(worker, p, stream, common.get((stage, stream), 0.0))
+            c = common.get((stage, stream))
+            if c is not None and c <= 0:  # a quiet stage: its honest replicas' p-values look uniform or better
+                self.update(worker, p, stream, 0.0, self.quiet_message_cap)
+            else:  # drifting, or too few replicas sent to tell: the strict cap, less the common level
+                self.update(worker, p, stream, max(0.0, c or 0.0))
 
     def _top(self, key: tuple[str, int]) -> float:
         return max(self.level.get(key, 0.0), self.peak.get(key, 0.0))

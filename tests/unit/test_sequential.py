@@ -179,6 +179,27 @@ def test_evidence_a_whole_stage_shares_counts_for_nobody():
     assert _bans(mesh) == ["s1r0"] and r.banned["s1r0"] <= 32
 
 
+@pytest.mark.parametrize(
+    "peers_p, banned_after",
+    [(0.5, 2), (None, 4), (0.05, None)],
+    ids=["quiet stage: h/2 a message", "peers silent (level unknown): h/3", "drifting stage: h/3 less the level"],
+)
+def test_the_message_cap_is_strict_only_while_the_stage_drifts(peers_p, banned_after):
+    """One extreme message a step (a sparse attacker): in a quiet stage (its peers' p-values uniform or better, common
+    level <= 0) each counts up to h / 2, so two ban; where the stage drifts (the realistic Llama's honest episodes of
+    extreme microbatches) or too few replicas sent to tell, each counts up to h / 3, so two never ban (three reach h
+    up to rounding)."""
+    r, mesh = _responder()
+    strong = Verdict({}, False, pvalue=1e-30)
+    for s in range(4):
+        recs = [(_msg(s, 0, 1, "s1r0"), strong)]
+        if peers_p is not None:
+            recs += [(_msg(s, 1 + i, 1, w), Verdict({}, False, pvalue=peers_p)) for i, w in enumerate(["s1r1", "s1r2"])]
+        r.end_step(s, recs)
+    assert r.banned.get("s1r0") == (None if banned_after is None else banned_after - 1)
+    assert _bans(mesh) == ([] if banned_after is None else ["s1r0"])
+
+
 def test_a_malicious_minority_cannot_raise_the_common_level():
     """The common level is what a strict majority of the stage reaches: one replica's own evidence (an attacker's)
     does not discount it, so it is banned in two steps whatever its peers' quiet messages."""
