@@ -131,8 +131,9 @@ class SequentialEvidence:
 
         A stage's common level in a stream is the highest c such that a strict majority of its live replicas (`live`:
         stage -> workers) averaged at least UNIFORM + c nats per message (capped) over the last DRIFT_HORIZON steps: how
-        far above a uniform p's mean the majority stands (0 when fewer of them sent, or c < 0). Every message of the
-        stage's replicas in that stream counts c less. Under an honest majority c is at most an honest replica's excess,
+        far above a uniform p's mean the majority stands (unknown when fewer of them sent). Where c <= 0 the stage is
+        quiet and its messages count in full, up to `quiet_message_cap`; otherwise (drifting, or unknown) each counts
+        up to `message_cap`, less c when positive. Under an honest majority c is at most an honest replica's excess,
         so an attacker whose honest peers are quiet keeps its evidence (less their noise), while evidence that the whole
         stage shares (honest traffic drifting faster than the windows follow, which lowers every replica's p-values
         together) counts for nobody."""

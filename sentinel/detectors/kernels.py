@@ -182,13 +182,13 @@ def relation(y, r, start, stride, out):  # pragma: no cover - compiled
         sy = 0.0
         sr = 0.0
         for c in range(C):
-            a = y[i, c] - my[c]
-            b = r[i, c] - mr[c]
+            yv = np.float64(y[i, c])
+            rv = np.float64(r[i, c])
+            a = yv - my[c]
+            b = rv - mr[c]
             dot += a * b
             ny += a * a
             nr += b * b
-            yv = np.float64(y[i, c])
-            rv = np.float64(r[i, c])
             sy += yv * yv
             sr += rv * rv
         if sr > 0.0:

@@ -62,6 +62,7 @@ from sentinel.detectors.distances import (
 from sentinel.detectors.streams import Stream, mix
 from sentinel.detectors.tokens import (
     GAIN_STATS,
+    RELATION,
     RELATION_STATS,
     IdRelation,
     is_token_ids,
@@ -246,7 +247,7 @@ class Sentinel(Detector):
         self._proj: dict[int, Projections] = {}
         self._key = mix(seed, 0x70C)  # private: never in the public view (a real verifier's secret)
         self._norms = np.empty(2)  # scratch: the (median^2, max^2) token norms of the message being judged
-        self._rel = np.empty(4)  # scratch: (align, align_tail, gain_low, gain_high)
+        self._rel = np.empty(len(RELATION))  # scratch: `relation`'s output
         self._ids_now: tuple[np.ndarray, np.ndarray] | None = None  # (projected sampled tokens, their ids): learned
         # with the message when it is accepted (first-stage streams only)
 
@@ -298,8 +299,7 @@ class Sentinel(Detector):
             got["align"], got["align_tail"] = (float(v) for v in self._rel[:2]) if ok else (np.nan, np.nan)
         elif RELATION_STATS.intersection(st.names):
             ok = relation(payload, reference, self._rel, self.config.max_tokens, offset)
-            names = ("align", "align_tail", "gain_low", "gain_high")
-            got.update(zip(names, (float(v) for v in self._rel) if ok else (np.nan,) * 4))
+            got.update(zip(RELATION, (float(v) for v in self._rel) if ok else (np.nan,) * len(RELATION)))
         return np.array([got[n] for n in st.names])
 
     def _sampled_ids(self, payload: torch.Tensor, ids: torch.Tensor, offset: int) -> tuple[np.ndarray, np.ndarray]:

@@ -55,7 +55,8 @@ import torch
 
 TOKEN_STATS = ("token_norm", "align", "align_tail", "gain_low", "gain_high")
 GAIN_STATS = ("gain_low", "gain_high")  # not on the first stage: its input is token ids
-RELATION_STATS = frozenset({"align", "align_tail", *GAIN_STATS})  # NaN where the sender's input is not available
+RELATION = ("align", "align_tail", *GAIN_STATS)  # what `relation` writes, in order
+RELATION_STATS = frozenset(RELATION)  # NaN where the sender's input is not available
 
 
 def token_norm(norms: np.ndarray) -> float:
@@ -81,9 +82,8 @@ def relation(
     offset: int = 0,
 ) -> bool:
     """Writes (align, align_tail[, gain_low, gain_high]) of `payload` against `reference` to `out` (2 or 4 entries);
-    False (out untouched) when
-    there is no comparable reference (none, token ids, another shape). Over every s-th token from `offset`
-    (s = ceil(N / max_tokens), the tokens the signature's moments sample), or all of them."""
+    False (out untouched) when there is no comparable reference (none, token ids, another shape). Over every s-th
+    token from `offset` (s = ceil(N / max_tokens), the tokens the signature's moments sample), or all of them."""
     if reference is None or not torch.is_floating_point(reference) or reference.shape != payload.shape:
         return False
     from sentinel.detectors import kernels
