@@ -22,14 +22,19 @@ the guards. On a uniform honest stream of 100,000 messages the statistic peaked 
   microbatch, and not a stage-wide jump that hits the first microbatches of a step before the detector's
   consensus recognises it as drift (a 16 x 11 mesh leaving a loss plateau: every replica of its first
   stage at p ~ 1e-5 to 1e-10 for a step, a replica with two such messages banned within it). One message adds
-  at most h / 2 while its stage is quiet, and at most h / 3 while the stage drifts (its common level, below, is
-  positive) or too few of its replicas sent to tell: then no two messages ban either. On the realistic Llama
+  at most h / 2 while its stage is quiet (its common level, below, or the median of its replicas' recent messages
+  no higher than a uniform p's), and at most h / 3 while the stage drifts or too few of its replicas sent to tell:
+  then no two messages ban either. On the realistic Llama
   (200 steps) the middle stages' gradients had single honest microbatches at p = 1e-19 and 2e-6 in consecutive
   steps on one replica, while the stage drifted: a false ban with h / 2 per message. The windows' tail is
   calibrated to ~1e-5 (P(p < 1e-5) / 1e-5 = 3.8 on held-out honest traffic), beyond which a p-value says "far
   out", not how far. In a quiet stage the strict cap only slowed attackers: a sparse one (a third of its messages
   tampered, each flagged) lost to its honest messages' drain (p = 1, -3.0 nats each) most of what its tampered
-  ones earned, and took 12-27 steps on held-out text;
+  ones earned, and took 12-27 steps on held-out text. The median makes a small stage's verdict robust: the mean of
+  one of a 3-replica stage's honest replicas over five steps (~7 messages) turns positive on a few p ~ 1e-3, and an
+  attacker sparse on activations took 15 steps under the strict cap (5.8 with the median, issue-18 note, stop 30).
+  The mean is robust where the median is not: a dense attacker's messages can be most of a step's (a microbatch
+  exchange then took a step longer on the median alone). So a stage drifts only when both say so;
 - common level: evidence a whole stage shares is nobody's (`SequentialEvidence.weigh_step`). The honest drift
   of a stage can outrun the windows without a stage-wide jump: on the same model the middle stages' gradient
   relation (1 - cos per token) grew 4-6x over 40 steps, every replica's p-values sat at 0.03-0.5 instead of
@@ -38,7 +43,8 @@ the guards. On a uniform honest stream of 100,000 messages the statistic peaked 
   of the live replicas averaged per message over the last DRIFT_HORIZON steps, less a uniform p's mean, is
   taken out of every message of the stage (when positive). Under an honest majority c is at most an honest
   replica's excess: an attacker whose peers are quiet loses nothing but their noise (~0.3 nats a message);
-- peers: a worker is banned only while a strict majority of the live peers of its stage stay below h / 2
+- peers: a worker is banned only while a strict majority of the live peers of its stage stay at or below h / 2
+  (one extreme message of a peer in a quiet stage, h / 2 on its own, does not block it)
   (an honest majority's statistics rise together under drift that the windows have not yet absorbed; an
   attacker's peers stay quiet), as the peer test's intersection-union rule. The responder weighs a whole
   step before it bans, and a peer counts by the highest its statistic reached in the step, so the guard does
@@ -60,16 +66,18 @@ from __future__ import annotations
 
 import collections
 import math
+import statistics
 from collections.abc import Iterable, Mapping
 
 KAPPA = 0.05  # the calibrator's exponent: p < 0.043 counts for, p = 1e-3 is +3.6 nats, strong evidence grows as -log p
 STEP_SHARE = 0.5  # one step adds at most this share of the threshold to a statistic (no single step bans)
 MESSAGE_SHARE = 1 / 3  # one message adds at most this share while its stage drifts (no two messages ban)
-QUIET_MESSAGE_SHARE = 0.5  # ... and at most this share while its stage is quiet (common level <= 0, `weigh_step`)
+QUIET_MESSAGE_SHARE = 0.5  # ... and at most this share while its stage is quiet (`weigh_step`)
 DRIFT_HORIZON = 5  # steps over which a stage's common level of evidence is measured (`weigh_step`)
 # the mean log e-value of a uniform p-value (-2.05 nats): honest traffic's drain
 UNIFORM = math.log(KAPPA) + 1.0 - KAPPA
-GUARD_SHARE = 0.5  # a peer "stands out too" above this share of the threshold
+UNIFORM_MEDIAN = math.log(KAPPA) + (1.0 - KAPPA) * math.log(2.0)  # ... and its median (-2.34)
+GUARD_SHARE = 0.5  # a peer "stands out too" above this share of the threshold (at it: one quiet message)
 ANOMALOUS = 0.01  # a message with p below this taints the rest of its microbatch's path (this step)
 
 
@@ -131,9 +139,13 @@ class SequentialEvidence:
 
         A stage's common level in a stream is the highest c such that a strict majority of its live replicas (`live`:
         stage -> workers) averaged at least UNIFORM + c nats per message (capped) over the last DRIFT_HORIZON steps: how
-        far above a uniform p's mean the majority stands (unknown when fewer of them sent). Where c <= 0 the stage is
-        quiet and its messages count in full, up to `quiet_message_cap`; otherwise (drifting, or unknown) each counts
-        up to `message_cap`, less c when positive. Under an honest majority c is at most an honest replica's excess,
+        far above a uniform p's mean the majority stands (unknown when fewer of them sent). The stage is quiet where
+        c <= 0 or the median of those replicas' messages over the horizon (capped log e-values, pooled) is at most a
+        uniform p's median, UNIFORM_MEDIAN: its messages count in full, up to `quiet_message_cap`. Otherwise (drifting,
+        or unknown) each counts up to `message_cap`, less c when positive. The median is robust where the mean is not
+        (a few moderate honest p-values of one replica: 3 of 6 messages at p ~ 1e-3 in a 3-replica stage), the mean
+        where the median is not (a dense attacker sending most of a step's messages). Under an honest majority c is
+        at most an honest replica's excess,
         so an attacker whose honest peers are quiet keeps its evidence (less their noise), while evidence that the whole
         stage shares (honest traffic drifting faster than the windows follow, which lowers every replica's p-values
         together) counts for nobody."""
@@ -142,7 +154,8 @@ class SequentialEvidence:
         for worker, stage, stream, p in messages:
             now.setdefault((stage, stream), {}).setdefault(worker, []).append(min(log_evalue(p), self.message_cap))
         self._history.append(now)
-        common: dict[tuple[int, int], float] = {}  # the level beyond UNIFORM, negative too (where it is known)
+        common: dict[tuple[int, int], float] = {}  # the level beyond UNIFORM (where it is known)
+        quiet: set[tuple[int, int]] = set()
         for stage, stream in now:
             replicas = set(live.get(stage, ()))
             if len(replicas) < 2:
@@ -156,12 +169,13 @@ class SequentialEvidence:
             if len(recent) >= need:
                 level = sorted((sum(v) / len(v) for v in recent.values()), reverse=True)[need - 1]
                 common[stage, stream] = level - UNIFORM
+                if level <= UNIFORM or statistics.median(x for v in recent.values() for x in v) <= UNIFORM_MEDIAN:
+                    quiet.add((stage, stream))
         for worker, stage, stream, p in messages:
-            c = common.get((stage, stream))
-            if c is not None and c <= 0:  # a quiet stage: its honest replicas' p-values look uniform or better
+            if (stage, stream) in quiet:  # its messages' p-values look uniform or better
                 self.update(worker, p, stream, 0.0, self.quiet_message_cap)
             else:  # drifting, or too few replicas sent to tell: the strict cap, less the common level
-                self.update(worker, p, stream, max(0.0, c or 0.0))
+                self.update(worker, p, stream, max(0.0, common.get((stage, stream), 0.0)))
 
     def _top(self, key: tuple[str, int]) -> float:
         return max(self.level.get(key, 0.0), self.peak.get(key, 0.0))
@@ -176,7 +190,7 @@ class SequentialEvidence:
         decides)."""
         if self._top((worker, stream)) < self.threshold:
             return False
-        quiet = sum(self._top((p, stream)) < GUARD_SHARE * self.threshold for p in peers)
+        quiet = sum(self._top((p, stream)) <= GUARD_SHARE * self.threshold for p in peers)
         return not peers or quiet >= len(peers) // 2 + 1
 
     def settle(self, workers: list[str], stream: int = 0) -> None:

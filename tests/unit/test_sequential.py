@@ -200,6 +200,38 @@ def test_the_message_cap_is_strict_only_while_the_stage_drifts(peers_p, banned_a
     assert _bans(mesh) == ([] if banned_after is None else ["s1r0"])
 
 
+def test_one_peers_moderate_pvalues_do_not_make_a_small_stage_drift():
+    """Quiet is judged on the median of the stage's recent messages. A sparse attacker (one extreme message and one
+    honest one a step) whose peer sends p = 1e-3 every other step (its mean over five steps +2.3 nats above a uniform
+    p's, which made the stage "drift" by the mean and left the attacker unbanned) is banned in four steps (the first
+    step's five messages are too few to tell: the strict cap)."""
+    r, mesh = _responder()
+    strong, calm, moderate = (Verdict({}, False, pvalue=p) for p in (1e-30, 1.0, 1e-3))
+    for s in range(6):
+        recs = [(_msg(s, 0, 1, "s1r0"), strong), (_msg(s, 1, 1, "s1r0"), calm)]
+        recs += [(_msg(s, 2, 1, "s1r1"), moderate if s % 2 == 0 else calm), (_msg(s, 3, 1, "s1r2"), calm)]
+        r.end_step(s, recs)
+    assert _bans(mesh) == ["s1r0"] and r.banned["s1r0"] == 3
+
+
+def test_a_peer_lifted_by_one_extreme_message_does_not_block_a_ban():
+    """In a quiet stage one message counts up to h / 2: a peer with a single extreme message reaches h / 2 and no
+    more, which is not "standing out too" (on held-out text such a peer blocked the ban of a sparse gradient attacker
+    and settled its statistic to h / 2; it took 40 steps instead of 17)."""
+    ev = SequentialEvidence(1e-8)
+    for step in range(2):
+        ev.begin_step()
+        ev.update("a", 1e-30, cap=ev.quiet_message_cap)
+        ev.update("a", 1e-30, cap=ev.quiet_message_cap)
+        if step == 1:
+            ev.update("b", 1e-30, cap=ev.quiet_message_cap)
+    assert ev.peak["b", 0] == 0.5 * ev.threshold
+    assert ev.exceeds("a", ["b", "c"])
+    ev.begin_step()
+    ev.update("b", 1e-3)  # more evidence in another step: b stands out too
+    assert not ev.exceeds("a", ["b", "c"])
+
+
 def test_a_malicious_minority_cannot_raise_the_common_level():
     """The common level is what a strict majority of the stage reaches: one replica's own evidence (an attacker's)
     does not discount it, so it is banned in two steps whatever its peers' quiet messages."""
