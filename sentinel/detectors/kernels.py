@@ -21,6 +21,9 @@ import numba
 import numpy as np
 
 F32 = np.float32
+# gain_high reads the tokens whose received |r_i|^2 is at most this x the median (|r_i| <= e^0.5 = 1.65x): honest backward
+# passes raise the gain of tokens that received much more than the others (`tokens.py`)
+TYPICAL_RECEIVED = float(np.e)
 
 
 @numba.njit(cache=True, nogil=True)
@@ -155,7 +158,8 @@ def relation(y, r, start, stride, out):  # pragma: no cover - compiled
     cos_i and out[1] = 1 - min_i cos_i (both 1 when no token qualifies: a constant message) and, when `out` has
     four entries, out[2] = max_i (m - g_i) and out[3] = max_i (g_i - m), g_i = log(|y_i| / |r_i|) the token's gain on
     the tokens as sent (not centred) and m the median gain, over the tokens with r_i != 0 (a zeroed token: g_i ~ -69;
-    0 when none). float64 sums;
+    0 when none); out[3] only over the tokens that received a typical magnitude, |r_i|^2 <= TYPICAL_RECEIVED x the
+    median |r_j|^2 (see `tokens.py`). float64 sums;
     `fastmath` (reassociated sums) is fine: nothing here needs to match another computation bit for bit.
     """
     n, C = y.shape
@@ -174,6 +178,7 @@ def relation(y, r, start, stride, out):  # pragma: no cover - compiled
     low = 1.0
     count = 0
     gains = np.empty((n - start + stride - 1) // stride)
+    received = np.empty_like(gains)  # |r_i|^2 of the same tokens
     m_gain = 0
     for i in range(start, n, stride):
         dot = 0.0
@@ -193,6 +198,7 @@ def relation(y, r, start, stride, out):  # pragma: no cover - compiled
             sr += rv * rv
         if sr > 0.0:
             gains[m_gain] = 0.5 * (np.log(sy + 1e-60) - np.log(sr))
+            received[m_gain] = sr
             m_gain += 1
         if ny > 0.0 and nr > 0.0:
             cs = dot / np.sqrt(ny * nr)
@@ -211,10 +217,11 @@ def relation(y, r, start, stride, out):  # pragma: no cover - compiled
         high = 0.0
         if m_gain > 0:
             mid = np.median(gains[:m_gain])
+            typical = TYPICAL_RECEIVED * np.median(received[:m_gain])
             for j in range(m_gain):
                 if mid - gains[j] > low:
                     low = mid - gains[j]
-                if gains[j] - mid > high:
+                if gains[j] - mid > high and received[j] <= typical:
                     high = gains[j] - mid
         out[2] = low
         out[3] = high

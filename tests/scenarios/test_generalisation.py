@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from sentinel import scenario
+from sentinel.detectors.stagewise import STATISTICS
 from sentinel.runner import build_engine, malicious_workers
 from sentinel.scoring.metrics import message_metrics, worker_metrics
 
@@ -31,13 +32,15 @@ def test_token_permutations_are_banned_within_five_steps(role):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("factor", [0.0, 0.05])
-def test_a_few_gradient_tokens_zeroed_or_shrunk_are_banned_within_five_steps(factor):
-    """Tokens shrunk or zeroed keep their direction (align_tail does not see them) but lose their gain over the
-    gradient the sender received (gain_low). Without gain_low, x 0.05 was not banned in these 24 steps (zeroed: 3
-    steps, where the centred direction of a zero token still moves align_tail)."""
+@pytest.mark.parametrize("factor", [0.0, 0.05, 10.0])
+def test_a_few_gradient_tokens_zeroed_shrunk_or_scaled_up_are_banned_within_five_steps(factor):
+    """Tokens rescaled keep their direction (align_tail does not see them) but not their gain over the gradient the
+    sender received: shrunk or zeroed ones lose it (gain_low), scaled-up ones gain it (gain_high, over the tokens that
+    received a typical magnitude; on request). Without gain_low, x 0.05 was not banned in these 24 steps (zeroed: 3
+    steps, where the centred direction of a zero token still moves align_tail); without gain_high, x10 was not."""
     attack = f"{{name: few_tokens, role: gradient, start: 10, attack: scaling, params: {{alpha: {factor}}}, tokens: 3}}"
-    engine, malicious = run(f"adversary.attacks=[{attack}]")
+    extra = [f"detector.distances=[{','.join((*STATISTICS, 'gain_high'))}]"] if factor > 1 else []  # on request
+    engine, malicious = run(f"adversary.attacks=[{attack}]", *extra)
     w = worker_metrics(engine.log, malicious)
     assert sorted(w["banned"]) == sorted(malicious) and w["false_bans"] == 0
     assert w["max_steps_to_ban"] <= 5

@@ -96,7 +96,8 @@ def reference_gains(y: np.ndarray, r: np.ndarray) -> tuple[float, float]:
     if not ok.any():
         return 0.0, 0.0
     m = np.median(g)
-    return max(0.0, float((m - g).max())), max(0.0, float((g - m).max()))
+    typical = nr[ok] ** 2 <= np.e * np.median(nr[ok] ** 2)  # gain_high: tokens that received a typical magnitude
+    return max(0.0, float((m - g).max())), max(0.0, float((g - m)[typical].max()))
 
 
 @pytest.mark.parametrize("seed", range(3))
@@ -125,6 +126,23 @@ def test_a_few_rescaled_tokens_move_the_gain_not_the_direction(factor):
     assert honest[side] < 0.5 and bad[side] > 1.5 and bad[5 - side] < 0.5
     if factor > 1:
         assert bad[1] - honest[1] < 0.3  # the direction test alone would not see it
+
+
+def test_gain_high_reads_the_tokens_that_received_a_typical_magnitude():
+    """An honest backward pass moves magnitude onto tokens that already received much more than the others (on
+    byte-level text the gain of tokens that received over 1.65x the median reached e^2.7; of the others, e^1.5):
+    gain_high leaves them out. The same gain on a token that received a typical gradient is a tampered token."""
+    y, r = residual_pair(2)
+    flat_y, flat_r = y.view(-1, 32), r.view(-1, 32)
+    honest, bad = np.empty(4), np.empty(4)
+    flat_r[5] *= 4.0  # received 4x the others ...
+    flat_y[5] = flat_r[5] * 8.0  # ... and sent 8x that
+    relation(y, r, honest)
+    t = y.clone()
+    t.view(-1, 32)[9] *= 8.0  # a typical token scaled x8: a gain of log 8 = 2.1 over the median
+    relation(t, r, bad)
+    assert honest[3] < 0.5 and bad[3] > 1.8
+    assert honest[3] == pytest.approx(reference_gains(y.numpy(), r.numpy())[1])
 
 
 def test_token_norm_is_max_over_median():
