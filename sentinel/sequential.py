@@ -44,9 +44,10 @@ the guards. On a uniform honest stream of 100,000 messages the statistic peaked 
   taken out of every message of the stage (when positive). Under an honest majority c is at most an honest
   replica's excess: an attacker whose peers are quiet loses nothing but their noise (~0.3 nats a message);
 - peers: a worker is banned only while a strict majority of the live peers of its stage stay at or below h / 2
-  (one extreme message of a peer in a quiet stage, h / 2 on its own, does not block it)
   (an honest majority's statistics rise together under drift that the windows have not yet absorbed; an
-  attacker's peers stay quiet), as the peer test's intersection-union rule. The responder weighs a whole
+  attacker's peers stay quiet), as the peer test's intersection-union rule. At h / 2 exactly a peer has one
+  extreme message of a quiet stage behind it, which does not block the ban (it did: a sparse gradient attacker on
+  held-out text was then settled to h / 2 and banned 23 steps later). The responder weighs a whole
   step before it bans, and a peer counts by the highest its statistic reached in the step, so the guard does
   not depend on which replica's messages came first;
 - settle: when the guard blocks a ban (a majority of the stage stood out too), every statistic of the stage
@@ -186,7 +187,7 @@ class SequentialEvidence:
 
     def exceeds(self, worker: str, peers: list[str], stream: int = 0) -> bool:
         """Whether the worker's statistic of `stream` reached the threshold (this step) while a strict majority of
-        its peers' (of the same stream) stayed below GUARD_SHARE of it all step (no peers: its own statistic
+        its peers' (of the same stream) stayed at or below GUARD_SHARE of it all step (no peers: its own statistic
         decides)."""
         if self._top((worker, stream)) < self.threshold:
             return False
