@@ -25,10 +25,10 @@ the Llama) it stayed at or below e^1.5 (text) and e^0.6 (Llama) per message over
 of messages with two random tokens scaled x10 stand above every honest one. So gain_high judges those tokens only (a
 tampered token that received much more than the others is left to the other statistics). It is judged on request
 only: once the Llama trains (steps 60-180 of 200) its honest gain_high outran the windows on both directions and
-doubled the clean message FPR. An honest token seldom *loses* magnitude
-against the others (gain_low <= 0.4 on gradients of both, <= 1.1 on activations), so gain_low sees tokens shrunk
-(x 0.05: 3.0) or zeroed (a zero norm counts as 1e-30: gain_low ~ 69 + log |r_i|). Neither is judged on the first
-stage (its input is token ids, with no magnitude to compare).
+doubled the clean message FPR. An honest token seldom *loses* magnitude against the others (gain_low <= 0.4 on
+gradients of both, <= 1.1 on activations), so gain_low sees tokens shrunk (x 0.05: 3.0) or zeroed (a zero norm
+counts as 1e-30: gain_low ~ 69 + log |r_i|). Neither is judged on the first stage (its input is token ids, with no
+magnitude to compare).
 
 For `align`, y is the message and r what its sender received for the same microbatch
 (`DetectorEnv.sender_inputs`): the input activation of a forward message, the gradient it received for

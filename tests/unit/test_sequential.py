@@ -203,8 +203,8 @@ def test_the_message_cap_is_strict_only_while_the_stage_drifts(peers_p, banned_a
 def test_one_peers_moderate_pvalues_do_not_make_a_small_stage_drift():
     """Quiet is judged on the median of the stage's recent messages. A sparse attacker (one extreme message and one
     honest one a step) whose peer sends p = 1e-3 every other step (its mean over five steps +2.3 nats above a uniform
-    p's, which made the stage "drift" by the mean and left the attacker unbanned) is banned in four steps (the first
-    step's five messages are too few to tell: the strict cap)."""
+    p's, which made the stage "drift" by the mean and left the attacker unbanned) is banned in four steps (over the
+    first step's four messages both the mean and the median are high: the strict cap)."""
     r, mesh = _responder()
     strong, calm, moderate = (Verdict({}, False, pvalue=p) for p in (1e-30, 1.0, 1e-3))
     for s in range(6):
