@@ -32,7 +32,8 @@ the guards. On a uniform honest stream of 100,000 messages the statistic peaked 
   tampered, each flagged) lost to its honest messages' drain (p = 1, -3.0 nats each) most of what its tampered
   ones earned, and took 12-27 steps on held-out text. The median makes a small stage's verdict robust: the mean of
   one of a 3-replica stage's honest replicas over five steps (~7 messages) turns positive on a few p ~ 1e-3, and an
-  attacker sparse on activations took 15 steps under the strict cap (5.8 with the median, issue-18 note, stop 30).
+  attacker sparse on activations took 15 steps under the strict cap (5.8 with the median, seeds 0-2; over seeds 0-7
+  11.2 and 7.5, faster on 3 seeds and the same on 5: issue-18 note, stop 30).
   The mean is robust where the median is not: a dense attacker's messages can be most of a step's (a microbatch
   exchange then took a step longer on the median alone). So a stage drifts only when both say so;
 - common level: evidence a whole stage shares is nobody's (`SequentialEvidence.weigh_step`). The honest drift
