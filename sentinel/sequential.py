@@ -35,7 +35,12 @@ the guards. On a uniform honest stream of 100,000 messages the statistic peaked 
   attacker sparse on activations took 15 steps under the strict cap (5.8 with the median, seeds 0-2; over seeds 0-7
   11.2 and 7.5, faster on 3 seeds and the same on 5: issue-18 note, stop 30).
   The mean is robust where the median is not: a dense attacker's messages can be most of a step's (a microbatch
-  exchange then took a step longer on the median alone). So a stage drifts only when both say so;
+  exchange then took a step longer on the median alone). So mean and median both have to say so. A stage's tail
+  can drift while its mean and median stay put: on held-out text (Python source, 12 layers, a 6 x 4 mesh, step
+  ~100 of 150) the four replicas of a stage each sent a message at p ~ 1e-5 to 1e-9 within six steps, and one of
+  them two in consecutive steps, which banned it under the quiet cap. So the stage also drifts when a strict
+  majority of its live replicas sent a message at p <= TAIL_P (1e-4) over the horizon: an attacker's honest peers
+  seldom do (a calibrated p <= 1e-4 is one message in thousands), so it keeps the quiet cap;
 - common level: evidence a whole stage shares is nobody's (`SequentialEvidence.weigh_step`). The honest drift
   of a stage can outrun the windows without a stage-wide jump: on the same model the middle stages' gradient
   relation (1 - cos per token) grew 4-6x over 40 steps, every replica's p-values sat at 0.03-0.5 instead of
@@ -80,6 +85,9 @@ DRIFT_HORIZON = 5  # steps over which a stage's common level of evidence is meas
 UNIFORM = math.log(KAPPA) + 1.0 - KAPPA
 UNIFORM_MEDIAN = math.log(KAPPA) + (1.0 - KAPPA) * math.log(2.0)  # ... and its median (-2.34)
 GUARD_SHARE = 0.5  # a peer "stands out too" above this share of the threshold (at it: one quiet message)
+TAIL_P = (
+    1e-4  # a message this far out marks its sender's tail; a stage most of whose replicas did drifts (`weigh_step`)
+)
 ANOMALOUS = 0.01  # a message with p below this taints the rest of its microbatch's path (this step)
 
 
@@ -110,6 +118,7 @@ class SequentialEvidence:
         self.step_cap = STEP_SHARE * self.threshold
         self.message_cap = MESSAGE_SHARE * self.threshold
         self.quiet_message_cap = QUIET_MESSAGE_SHARE * self.threshold
+        self._tail = min(log_evalue(TAIL_P), self.message_cap)  # the capped log e-value of a message at TAIL_P
         self._history: collections.deque = collections.deque(maxlen=DRIFT_HORIZON)  # per step: (stage, stream) ->
         # worker -> its messages' log e-values (capped), for the stage's common level (`weigh_step`)
         self.level: dict[tuple[str, int], float] = {}  # (worker, stream) -> its CUSUM statistic S (nats)
@@ -143,7 +152,8 @@ class SequentialEvidence:
         stage -> workers) averaged at least UNIFORM + c nats per message (capped) over the last DRIFT_HORIZON steps: how
         far above a uniform p's mean the majority stands (unknown when fewer of them sent). The stage is quiet where
         c <= 0 or the median of those replicas' messages over the horizon (capped log e-values, pooled) is at most a
-        uniform p's median, UNIFORM_MEDIAN: its messages count in full, up to `quiet_message_cap`. Otherwise (drifting,
+        uniform p's median, UNIFORM_MEDIAN, unless a strict majority of them sent a message at p <= TAIL_P over the
+        horizon (a drifting tail): its messages count in full, up to `quiet_message_cap`. Otherwise (drifting,
         or unknown) each counts up to `message_cap`, less c when positive. The median is robust where the mean is not
         (a few moderate honest p-values of one replica: 3 of 6 messages at p ~ 1e-3 in a 3-replica stage), the mean
         where the median is not (a dense attacker sending most of a step's messages). Under an honest majority c is
@@ -171,7 +181,10 @@ class SequentialEvidence:
             if len(recent) >= need:
                 level = sorted((sum(v) / len(v) for v in recent.values()), reverse=True)[need - 1]
                 common[stage, stream] = level - UNIFORM
-                if level <= UNIFORM or statistics.median(x for v in recent.values() for x in v) <= UNIFORM_MEDIAN:
+                tails = sum(max(v) >= self._tail for v in recent.values())  # replicas with a message at p <= TAIL_P
+                if tails < need and (
+                    level <= UNIFORM or statistics.median(x for v in recent.values() for x in v) <= UNIFORM_MEDIAN
+                ):
                     quiet.add((stage, stream))
         for worker, stage, stream, p in messages:
             if (stage, stream) in quiet:  # its messages' p-values look uniform or better

@@ -214,6 +214,29 @@ def test_one_peers_moderate_pvalues_do_not_make_a_small_stage_drift():
     assert _bans(mesh) == ["s1r0"] and r.banned["s1r0"] == 3
 
 
+def test_a_stage_whose_replicas_mostly_sent_a_far_out_message_drifts():
+    """Honest tails can drift without moving a stage's mean or median: on held-out text (Python source, 12 layers,
+    a 6 x 4 mesh, step ~100) every replica of a stage sent one message at p ~ 1e-5 to 1e-8 within five steps, and
+    one of them two in consecutive steps, which banned it while the stage counted as quiet (h / 2 a message). When a
+    strict majority of the stage's replicas sent a message at p <= TAIL_P over the horizon, the stage drifts (h / 3 a
+    message less its level): the two messages do not ban. An attacker whose peers send nothing that far out is still
+    banned in two steps."""
+    strong, calm, far = (Verdict({}, False, pvalue=p) for p in (1e-9, 1.0, 1e-5))
+    replicas = ["s1r0", "s1r1", "s1r2", "s1r3"]
+
+    def run(plan: dict) -> Responder:
+        r = Responder(ResponseConfig(), MeshControl(WorkerTable(4, 4)))
+        for s in range(4):
+            r.end_step(s, [(_msg(s, i, 1, w), plan.get((s, w), calm)) for i, w in enumerate(replicas)])
+        return r
+
+    twice = {(2, "s1r0"): strong, (3, "s1r0"): strong}
+    r = run({(0, "s1r1"): far, (1, "s1r2"): far, **twice})  # s1r3 stays calm: three of four sent far out
+    assert _bans(r.mesh) == [] and r.evidence.level["s1r0", 0] < r.evidence.threshold
+    r = run(twice)
+    assert _bans(r.mesh) == ["s1r0"] and r.banned["s1r0"] == 3
+
+
 def test_a_peer_lifted_by_one_extreme_message_does_not_block_a_ban():
     """In a quiet stage one message counts up to h / 2: a peer with a single extreme message reaches h / 2 and no
     more, which is not "standing out too" (on held-out text such a peer blocked the ban of a sparse gradient attacker
