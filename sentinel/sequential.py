@@ -41,6 +41,12 @@ the guards. On a uniform honest stream of 100,000 messages the statistic peaked 
   them two in consecutive steps, which banned it under the quiet cap. So the stage also drifts when a strict
   majority of its live replicas sent a message at p <= TAIL_P (1e-4) over the horizon: an attacker's honest peers
   seldom do (a calibrated p <= 1e-4 is one message in thousands), so it keeps the quiet cap;
+- no sparse chart: a second CUSUM per worker for an attacker that tampers a share q of its messages, with the
+  e-value 1 - q + q [p <= p*] / p* (q = 1/3, p* = 3e-6: -0.41 nats per ordinary message instead of -3.0, so two
+  extreme messages with up to eight others between them ban), took the sparse rows of held-out text from 6.6, 5.1
+  and 8.9 steps to 4.9, 3.3 and 4.9 (seeds 0-15), and banned an honest replica on 2 of the 16 seeds: in a stage
+  left with two replicas, its gradients sent two messages at p ~ 1e-6 within three steps while the stage looked
+  quiet. Honest far-out messages cluster on one replica; only the slow drain keeps two of them from banning;
 - common level: evidence a whole stage shares is nobody's (`SequentialEvidence.weigh_step`). The honest drift
   of a stage can outrun the windows without a stage-wide jump: on the same model the middle stages' gradient
   relation (1 - cos per token) grew 4-6x over 40 steps, every replica's p-values sat at 0.03-0.5 instead of
