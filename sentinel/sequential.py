@@ -37,7 +37,7 @@ the guards. On a uniform honest stream of 100,000 messages the statistic peaked 
   The mean is robust where the median is not: a dense attacker's messages can be most of a step's (a microbatch
   exchange then took a step longer on the median alone). So mean and median both have to say so. A stage's tail
   can drift while its mean and median stay put: on held-out text (Python source, 12 layers, a 6 x 4 mesh, step
-  ~100 of 150) the four replicas of a stage each sent a message at p ~ 1e-5 to 1e-9 within six steps, and one of
+  ~100 of 150) the four replicas of a stage each sent a message at p ~ 5e-5 to 4e-9 within six steps, and one of
   them two in consecutive steps, which banned it under the quiet cap. So the stage also drifts when a strict
   majority of its live replicas sent a message at p <= TAIL_P (1e-4) over the horizon: an attacker's honest peers
   seldom do (a calibrated p <= 1e-4 is one message in thousands), so it keeps the quiet cap;
@@ -91,9 +91,7 @@ DRIFT_HORIZON = 5  # steps over which a stage's common level of evidence is meas
 UNIFORM = math.log(KAPPA) + 1.0 - KAPPA
 UNIFORM_MEDIAN = math.log(KAPPA) + (1.0 - KAPPA) * math.log(2.0)  # ... and its median (-2.34)
 GUARD_SHARE = 0.5  # a peer "stands out too" above this share of the threshold (at it: one quiet message)
-TAIL_P = (
-    1e-4  # a message this far out marks its sender's tail; a stage most of whose replicas did drifts (`weigh_step`)
-)
+TAIL_P = 1e-4  # a stage most of whose replicas sent a message this far out lately drifts (`weigh_step`)
 ANOMALOUS = 0.01  # a message with p below this taints the rest of its microbatch's path (this step)
 
 

@@ -216,7 +216,7 @@ def test_one_peers_moderate_pvalues_do_not_make_a_small_stage_drift():
 
 def test_a_stage_whose_replicas_mostly_sent_a_far_out_message_drifts():
     """Honest tails can drift without moving a stage's mean or median: on held-out text (Python source, 12 layers,
-    a 6 x 4 mesh, step ~100) every replica of a stage sent one message at p ~ 1e-5 to 1e-8 within five steps, and
+    a 6 x 4 mesh, step ~100) every replica of a stage sent a message at p ~ 5e-5 to 4e-9 within six steps, and
     one of them two in consecutive steps, which banned it while the stage counted as quiet (h / 2 a message). When a
     strict majority of the stage's replicas sent a message at p <= TAIL_P over the horizon, the stage drifts (h / 3 a
     message less its level): the two messages do not ban. An attacker whose peers send nothing that far out is still
