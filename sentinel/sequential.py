@@ -47,6 +47,24 @@ the guards. On a uniform honest stream of 100,000 messages the statistic peaked 
   and 8.9 steps to 4.9, 3.3 and 4.9 (seeds 0-15), and banned an honest replica on 2 of the 16 seeds: in a stage
   left with two replicas, its gradients sent two messages at p ~ 1e-6 within three steps while the stage looked
   quiet. Honest far-out messages cluster on one replica; only the slow drain keeps two of them from banning;
+- peers' tail: an anomalous message (p < ANOMALOUS) counts as if its p-value were no lower than r min(1, r / own),
+  where r is how often the
+  worker's live stage peers sent a message at p or below over the last PEER_HORIZON (10) steps (each peer's share of
+  its own messages in the stream, counted once it sent PEER_EVENTS (2) such messages) and own the worker's share.
+  Honest far-out messages come in waves that reach a stage's replicas one by one: on held-out text (C headers,
+  byte-level, 12 layers, a 6 x 4 mesh) a stage's gradients sent messages at p ~ 1e-7 to 1e-14 on three of four
+  replicas over ten steps, never on a majority within five (the drifting-tail rule), and the replica that sent four,
+  with few messages between to drain, was banned; in another run a stage's activations did the same at p ~ 1e-4 to
+  1e-6. A message no more extreme than what its peers send now is little evidence; one sent q times as often as
+  they send such messages keeps a factor q (an attacker whose every message is as extreme as its honest peers' rare
+  ones still gains). A single far-out message of a peer is not a rate: counted, one honest peer's message at p ~ 5e-7
+  held a random-sign gradient attacker at p ~ 5e-6 (the paper table, seed 4) for seven steps. r is the m-th largest
+  of the peers' shares, m = max(1, peers // 2): while a strict majority of the stage is honest, at most m - 1 of an
+  attacker's peers attack too, so colluders cannot vouch for each other. Only anomalous messages: raised everywhere,
+  an ordinary message's drain moved with its peers' noise and a sparse attacker on held-out text took 1.5 steps
+  longer on one seed. The cost: an attacker no more extreme than what its honest peers sent lately waits until that
+  leaves the horizon (at most PEER_HORIZON steps); every figure of the paper table, the token class, the wrapped
+  attacks and the 16 x 11 mesh stayed the same (issue-18 note, stop 32);
 - common level: evidence a whole stage shares is nobody's (`SequentialEvidence.weigh_step`). The honest drift
   of a stage can outrun the windows without a stage-wide jump: on the same model the middle stages' gradient
   relation (1 - cos per token) grew 4-6x over 40 steps, every replica's p-values sat at 0.03-0.5 instead of
@@ -77,6 +95,7 @@ the guards. On a uniform honest stream of 100,000 messages the statistic peaked 
 
 from __future__ import annotations
 
+import bisect
 import collections
 import math
 import statistics
@@ -92,6 +111,8 @@ UNIFORM = math.log(KAPPA) + 1.0 - KAPPA
 UNIFORM_MEDIAN = math.log(KAPPA) + (1.0 - KAPPA) * math.log(2.0)  # ... and its median (-2.34)
 GUARD_SHARE = 0.5  # a peer "stands out too" above this share of the threshold (at it: one quiet message)
 TAIL_P = 1e-4  # a stage most of whose replicas sent a message this far out lately drifts (`weigh_step`)
+PEER_HORIZON = 10  # steps over which a message's peers' rate of messages as far out is measured (`weigh_step`)
+PEER_EVENTS = 2  # ... counted for a peer that sent at least this many (one far-out message is not yet a rate)
 ANOMALOUS = 0.01  # a message with p below this taints the rest of its microbatch's path (this step)
 
 
@@ -125,6 +146,7 @@ class SequentialEvidence:
         self._tail = min(log_evalue(TAIL_P), self.message_cap)  # the capped log e-value of a message at TAIL_P
         self._history: collections.deque = collections.deque(maxlen=DRIFT_HORIZON)  # per step: (stage, stream) ->
         # worker -> its messages' log e-values (capped), for the stage's common level (`weigh_step`)
+        self._sent: collections.deque = collections.deque(maxlen=PEER_HORIZON)  # the same with the p-values
         self.level: dict[tuple[str, int], float] = {}  # (worker, stream) -> its CUSUM statistic S (nats)
         self.peak: dict[tuple[str, int], float] = {}  # the highest S of this step (its level at the start included)
         self._gain: dict[tuple[str, int], float] = {}  # positive evidence added this step (at most `step_cap`)
@@ -164,12 +186,17 @@ class SequentialEvidence:
         at most an honest replica's excess,
         so an attacker whose honest peers are quiet keeps its evidence (less their noise), while evidence that the whole
         stage shares (honest traffic drifting faster than the windows follow, which lowers every replica's p-values
-        together) counts for nobody."""
+        together) counts for nobody. Each message's p-value is first raised to its peers' recent rate of messages as
+        far out (`_peer_rates`, the module docstring's "peers' tail")."""
         messages = list(messages)
         now: dict[tuple[int, int], dict[str, list[float]]] = {}
+        sent: dict[tuple[int, int], dict[str, list[float]]] = {}
         for worker, stage, stream, p in messages:
             now.setdefault((stage, stream), {}).setdefault(worker, []).append(min(log_evalue(p), self.message_cap))
+            sent.setdefault((stage, stream), {}).setdefault(worker, []).append(p)
         self._history.append(now)
+        self._sent.append(sent)
+        rates = self._peer_rates(sent, live)
         common: dict[tuple[int, int], float] = {}  # the level beyond UNIFORM (where it is known)
         quiet: set[tuple[int, int]] = set()
         for stage, stream in now:
@@ -191,10 +218,42 @@ class SequentialEvidence:
                 ):
                     quiet.add((stage, stream))
         for worker, stage, stream, p in messages:
+            if p < ANOMALOUS:  # no more surprising than what its honest peers send now
+                p = max(p, rates[stage, stream](worker, p))
             if (stage, stream) in quiet:  # its messages' p-values look uniform or better
                 self.update(worker, p, stream, 0.0, self.quiet_message_cap)
             else:  # drifting, or too few replicas sent to tell: the strict cap, less the common level
                 self.update(worker, p, stream, max(0.0, common.get((stage, stream), 0.0)))
+
+    def _peer_rates(self, sent: Mapping, live: Mapping[int, Iterable[str]]) -> dict:
+        """Per (stage, stream) of this step, rate(worker, p): how often the worker's live peers sent a message at p or
+        below over the last PEER_HORIZON steps (this one included), each peer's share of its own messages (0 for a
+        peer with fewer than PEER_EVENTS of them), the m-th largest of them with m = max(1, peers // 2): at most m - 1
+        of an attacker's peers are attackers too while a strict majority of the stage is honest, so colluders cannot
+        vouch for each other; times min(1, rate / own), own the worker's own share."""
+        out = {}
+        for key in sent:
+            replicas = list(live.get(key[0], ()))
+            mine: dict[str, list[float]] = {w: [] for w in replicas}
+            for past in self._sent:
+                for w, v in past.get(key, {}).items():
+                    if w in mine:
+                        mine[w].extend(v)
+            ordered = {w: sorted(v) for w, v in mine.items() if v}
+
+            def rate(worker: str, p: float, ordered=ordered, replicas=replicas) -> float:
+                peers = [w for w in replicas if w != worker]
+                m = max(1, len(peers) // 2)
+                counts = ((bisect.bisect_right(ordered[w], p), len(ordered[w])) for w in peers if w in ordered)
+                shares = sorted((k / n if k >= PEER_EVENTS else 0.0 for k, n in counts), reverse=True)
+                r = shares[m - 1] if len(shares) >= m else 0.0
+                if r == 0.0 or worker not in ordered:
+                    return r
+                own = bisect.bisect_right(ordered[worker], p) / len(ordered[worker])  # > 0: this message is in it
+                return r * min(1.0, r / own)
+
+            out[key] = rate
+        return out
 
     def _top(self, key: tuple[str, int]) -> float:
         return max(self.level.get(key, 0.0), self.peak.get(key, 0.0))

@@ -12,7 +12,7 @@ from sentinel.detectors.base import Verdict
 from sentinel.engine.workers import MeshControl, WorkerTable
 from sentinel.response import Responder
 from sentinel.scenario import ResponseConfig
-from sentinel.sequential import KAPPA, SequentialEvidence, log_evalue
+from sentinel.sequential import KAPPA, PEER_HORIZON, SequentialEvidence, log_evalue
 from sentinel.transport.message import Message, Role
 
 
@@ -173,10 +173,11 @@ def test_evidence_a_whole_stage_shares_counts_for_nobody():
         r.end_step(s, recs + [(_msg(s, 9, 1, replicas[s % 3]), strong)])
         top = max(top, *r.evidence.level.values())
     assert _bans(mesh) == [] and top < r.evidence.threshold / 4  # one extreme message's worth, never more
-    for s in range(30, 33):  # an attacker among them: every message extreme (two steps of h / 2, up to rounding)
+    for s in range(30, 30 + PEER_HORIZON + 3):  # an attacker among them: every message extreme
         recs = [(_msg(s, 3 * i + m, 1, w), drift) for i, w in enumerate(replicas[1:]) for m in range(3)]
         r.end_step(s, recs + [(_msg(s, 6 + m, 1, "s1r0"), strong) for m in range(3)])
-    assert _bans(mesh) == ["s1r0"] and r.banned["s1r0"] <= 32
+    # its messages are no more extreme than its peers' lately: they count little until those leave the horizon
+    assert _bans(mesh) == ["s1r0"] and r.banned["s1r0"] <= 30 + PEER_HORIZON
 
 
 @pytest.mark.parametrize(
@@ -235,6 +236,45 @@ def test_a_stage_whose_replicas_mostly_sent_a_far_out_message_drifts():
     assert _bans(r.mesh) == [] and r.evidence.level["s1r0", 0] < r.evidence.threshold
     r = run(twice)
     assert _bans(r.mesh) == ["s1r0"] and r.banned["s1r0"] == 3
+
+
+def test_a_message_no_more_extreme_than_its_peers_send_lately_counts_little():
+    """Held-out text (C headers, byte-level, 12 layers, a 6 x 4 mesh, step ~50 of 80): a stage's gradients began to send
+    messages at p ~ 1e-7 to 1e-14 on three of four replicas over ten steps, never on a majority within five, and the
+    one that sent four of them, with few messages between to drain, was banned while the stage counted as quiet. A
+    message counts as if its p-value were no lower than the rate at which its peers sent messages as far out over the
+    last PEER_HORIZON steps (less as the worker sends them more often than they do): after two far-out messages of a
+    peer, two of its own in consecutive steps do not ban. Without the peer's, they do (the quiet cap, h / 2 each)."""
+    far, calm = Verdict({}, False, pvalue=1e-9), Verdict({}, False, pvalue=0.5)
+    replicas = ["s1r0", "s1r1", "s1r2", "s1r3"]
+
+    def run(peer_far: bool) -> Responder:
+        r = Responder(ResponseConfig(), MeshControl(WorkerTable(4, 4)))
+        for s in range(4):
+            recs = [(_msg(s, 2 * i + m, 1, w), calm) for i, w in enumerate(replicas[1:], 1) for m in range(2)]
+            if peer_far and s < 2:
+                recs[0] = (recs[0][0], far)  # s1r1 sends two far-out messages (one is not yet a rate)
+            own = [far] if s in (2, 3) else [calm, calm]
+            r.end_step(s, recs + [(_msg(s, 8 + m, 1, "s1r0"), v) for m, v in enumerate(own)])
+        return r
+
+    r = run(peer_far=True)
+    assert _bans(r.mesh) == [] and r.evidence.level["s1r0", 0] < r.evidence.threshold / 4
+    r = run(peer_far=False)
+    assert _bans(r.mesh) == ["s1r0"] and r.banned["s1r0"] == 3
+
+
+def test_colluding_attackers_cannot_vouch_for_each_other():
+    """Two attackers in a 5-replica stage (a strict honest majority): each one's rate of far-out messages is what the
+    other's peers measure, so the rate that discounts a message is the m-th largest of its peers' (m = peers // 2 = 2
+    here), at most an honest peer's: both are banned in two steps."""
+    r = Responder(ResponseConfig(), MeshControl(WorkerTable(4, 5)))
+    strong, calm = Verdict({}, False, pvalue=1e-30), Verdict({}, False, pvalue=0.5)
+    for s in range(2):
+        recs = [(_msg(s, 2 * i + m, 1, w), strong) for i, w in enumerate(["s1r0", "s1r1"]) for m in range(2)]
+        recs += [(_msg(s, 4 + i, 1, w), calm) for i, w in enumerate(["s1r2", "s1r3", "s1r4"])]
+        r.end_step(s, recs)
+    assert sorted(_bans(r.mesh)) == ["s1r0", "s1r1"] and set(r.banned.values()) == {1}
 
 
 def test_a_peer_lifted_by_one_extreme_message_does_not_block_a_ban():
