@@ -234,20 +234,18 @@ class SequentialEvidence:
         out = {}
         for key in sent:
             replicas = list(live.get(key[0], ()))
-            mine: dict[str, list[float]] = {w: [] for w in replicas}
-            for past in self._sent:
-                for w, v in past.get(key, {}).items():
-                    if w in mine:
-                        mine[w].extend(v)
-            ordered = {w: sorted(v) for w, v in mine.items() if v}
+            ordered: dict[str, list[float]] = {}  # live replica -> its p-values over the horizon, sorted (on first use)
 
-            def rate(worker: str, p: float, ordered=ordered, replicas=replicas) -> float:
+            def rate(worker: str, p: float, key=key, ordered=ordered, replicas=replicas) -> float:
+                if not ordered:
+                    for w in replicas:
+                        ordered[w] = sorted(x for past in self._sent for x in past.get(key, {}).get(w, ()))
                 peers = [w for w in replicas if w != worker]
                 m = max(1, len(peers) // 2)
-                counts = ((bisect.bisect_right(ordered[w], p), len(ordered[w])) for w in peers if w in ordered)
+                counts = ((bisect.bisect_right(ordered[w], p), len(ordered[w])) for w in peers if ordered[w])
                 shares = sorted((k / n if k >= PEER_EVENTS else 0.0 for k, n in counts), reverse=True)
                 r = shares[m - 1] if len(shares) >= m else 0.0
-                if r == 0.0 or worker not in ordered:
+                if r == 0.0 or not ordered.get(worker):
                     return r
                 own = bisect.bisect_right(ordered[worker], p) / len(ordered[worker])  # > 0: this message is in it
                 return r * min(1.0, r / own)
