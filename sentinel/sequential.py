@@ -48,9 +48,9 @@ the guards. On a uniform honest stream of 100,000 messages the statistic peaked 
   left with two replicas, its gradients sent two messages at p ~ 1e-6 within three steps while the stage looked
   quiet. Honest far-out messages cluster on one replica; only the slow drain keeps two of them from banning;
 - peers' tail: an anomalous message (p < ANOMALOUS) counts as if its p-value were no lower than r min(1, r / own),
-  where r is how often the
-  worker's live stage peers sent a message at p or below over the last PEER_HORIZON (10) steps (each peer's share of
-  its own messages in the stream, counted once it sent PEER_EVENTS (2) such messages) and own the worker's share.
+  where r is how often the worker's live stage peers sent a message at p or below over the last PEER_HORIZON (10)
+  steps (each peer's share of its own messages in the stream, counted once it sent PEER_EVENTS (2) such messages)
+  and own the worker's share.
   Honest far-out messages come in waves that reach a stage's replicas one by one: on held-out text (C headers,
   byte-level, 12 layers, a 6 x 4 mesh) a stage's gradients sent messages at p ~ 1e-7 to 1e-14 on three of four
   replicas over ten steps, never on a majority within five (the drifting-tail rule), and the replica that sent four,
@@ -186,8 +186,8 @@ class SequentialEvidence:
         at most an honest replica's excess,
         so an attacker whose honest peers are quiet keeps its evidence (less their noise), while evidence that the whole
         stage shares (honest traffic drifting faster than the windows follow, which lowers every replica's p-values
-        together) counts for nobody. Each message's p-value is first raised to its peers' recent rate of messages as
-        far out (`_peer_rates`, the module docstring's "peers' tail")."""
+        together) counts for nobody. An anomalous message's p-value is first raised to its peers' recent rate of
+        messages as far out (`_peer_rates`, the module docstring's "peers' tail")."""
         messages = list(messages)
         now: dict[tuple[int, int], dict[str, list[float]]] = {}
         sent: dict[tuple[int, int], dict[str, list[float]]] = {}
