@@ -187,7 +187,7 @@ class SequentialEvidence:
         so an attacker whose honest peers are quiet keeps its evidence (less their noise), while evidence that the whole
         stage shares (honest traffic drifting faster than the windows follow, which lowers every replica's p-values
         together) counts for nobody. An anomalous message's p-value is first raised to its peers' recent rate of
-        messages as far out (`_peer_rates`, the module docstring's "peers' tail")."""
+        messages as far out (`_peer_rate`, the module docstring's "peers' tail")."""
         messages = list(messages)
         now: dict[tuple[int, int], dict[str, list[float]]] = {}
         sent: dict[tuple[int, int], dict[str, list[float]]] = {}
@@ -196,7 +196,7 @@ class SequentialEvidence:
             sent.setdefault((stage, stream), {}).setdefault(worker, []).append(p)
         self._history.append(now)
         self._sent.append(sent)
-        rates = self._peer_rates(sent, live)
+        sorted_sent: dict = {}  # (stage, stream) -> its replicas' sorted recent p-values, for `_peer_rate`
         common: dict[tuple[int, int], float] = {}  # the level beyond UNIFORM (where it is known)
         quiet: set[tuple[int, int]] = set()
         for stage, stream in now:
@@ -219,39 +219,33 @@ class SequentialEvidence:
                     quiet.add((stage, stream))
         for worker, stage, stream, p in messages:
             if p < ANOMALOUS:  # no more surprising than what its honest peers send now
-                p = max(p, rates[stage, stream](worker, p))
+                p = max(p, self._peer_rate((stage, stream), worker, p, live, sorted_sent))
             if (stage, stream) in quiet:  # its messages' p-values look uniform or better
                 self.update(worker, p, stream, 0.0, self.quiet_message_cap)
             else:  # drifting, or too few replicas sent to tell: the strict cap, less the common level
                 self.update(worker, p, stream, max(0.0, common.get((stage, stream), 0.0)))
 
-    def _peer_rates(self, sent: Mapping, live: Mapping[int, Iterable[str]]) -> dict:
-        """Per (stage, stream) of this step, rate(worker, p): how often the worker's live peers sent a message at p or
-        below over the last PEER_HORIZON steps (this one included), each peer's share of its own messages (0 for a
-        peer with fewer than PEER_EVENTS of them), the m-th largest of them with m = max(1, peers // 2): at most m - 1
-        of an attacker's peers are attackers too while a strict majority of the stage is honest, so colluders cannot
-        vouch for each other; times min(1, rate / own), own the worker's own share."""
-        out = {}
-        for key in sent:
-            replicas = list(live.get(key[0], ()))
-            ordered: dict[str, list[float]] = {}  # live replica -> its p-values over the horizon, sorted (on first use)
-
-            def rate(worker: str, p: float, key=key, ordered=ordered, replicas=replicas) -> float:
-                if not ordered:
-                    for w in replicas:
-                        ordered[w] = sorted(x for past in self._sent for x in past.get(key, {}).get(w, ()))
-                peers = [w for w in replicas if w != worker]
-                m = max(1, len(peers) // 2)
-                counts = ((bisect.bisect_right(ordered[w], p), len(ordered[w])) for w in peers if ordered[w])
-                shares = sorted((k / n if k >= PEER_EVENTS else 0.0 for k, n in counts), reverse=True)
-                r = shares[m - 1] if len(shares) >= m else 0.0
-                if r == 0.0 or not ordered.get(worker):
-                    return r
-                own = bisect.bisect_right(ordered[worker], p) / len(ordered[worker])  # > 0: this message is in it
-                return r * min(1.0, r / own)
-
-            out[key] = rate
-        return out
+    def _peer_rate(self, key: tuple[int, int], worker: str, p: float, live: Mapping, cache: dict) -> float:
+        """The p-value floor of `worker`'s message at `p` in `key` = (stage, stream): r min(1, r / own), where r is how
+        often the worker's live peers sent a message at p or below over the last PEER_HORIZON steps (this one
+        included), each peer's share of its own messages (0 for a peer with fewer than PEER_EVENTS of them), the m-th
+        largest of them with m = max(1, peers // 2): at most m - 1 of an attacker's peers are attackers too while a
+        strict majority of the stage is honest, so colluders cannot vouch for each other; own is the worker's own
+        share. `cache` keeps each stage's sorted p-values for the rest of the step."""
+        ordered = cache.get(key)
+        if ordered is None:  # live replica -> its p-values over the horizon, sorted
+            ordered = cache[key] = {
+                w: sorted(x for past in self._sent for x in past.get(key, {}).get(w, ())) for w in live.get(key[0], ())
+            }
+        peers = [w for w in ordered if w != worker]
+        m = max(1, len(peers) // 2)
+        counts = ((bisect.bisect_right(ordered[w], p), len(ordered[w])) for w in peers if ordered[w])
+        shares = sorted((k / n if k >= PEER_EVENTS else 0.0 for k, n in counts), reverse=True)
+        r = shares[m - 1] if len(shares) >= m else 0.0
+        if r == 0.0 or not ordered.get(worker):
+            return r
+        own = bisect.bisect_right(ordered[worker], p) / len(ordered[worker])  # > 0: this message is in it
+        return r * min(1.0, r / own)
 
     def _top(self, key: tuple[str, int]) -> float:
         return max(self.level.get(key, 0.0), self.peak.get(key, 0.0))
