@@ -14,6 +14,8 @@ detector. Only tensors of rank >= 3 are rearranged (a DP-sync vector has no toke
     microbatch_exchange  a share of the sequences replaced by those of the sender's previous message (another
                          microbatch): fresh, honest-looking content for the wrong inputs
     few_tokens           an inner attack (any registered one) applied to a handful of tokens only
+    token_copy           a handful of tokens overwritten by copies of nearby tokens of their sequence (one token
+                         vector duplicated, one lost: the multiset moves by a few tokens, every vector is honest)
 """
 
 from __future__ import annotations
@@ -162,6 +164,39 @@ class MicrobatchExchange(Attack):
 
     def observe(self, x: torch.Tensor, ctx: AttackContext) -> None:
         self._last[ctx.stream] = x.detach().clone()
+
+
+@ATTACKS.register("token_copy")
+class TokenCopy(Attack):
+    """Overwrite a few tokens with copies of other tokens of the same sequence, up to `reach` positions earlier.
+
+    Formula: for `tokens` seeded positions (b, t) with t >= 1 (over all B x T, drawn with replacement) and a seeded
+    distance d ~ U{1, ..., min(reach, t)}: x'[b, t] = x[b, t - d] (applied in turn, each copy from the message as
+    computed). Every vector sent is one the sender computed, at the wrong position: pooled statistics move by a
+    few tokens' worth, per-token magnitudes not at all. No-op at tokens = 0; declines sequences of one token.
+    """
+
+    ROLES = TOKEN_ROLES
+    NOOP = {"tokens": 0}
+
+    @dataclasses.dataclass(frozen=True, kw_only=True)
+    class Config:
+        tokens: int = spec(1, ge=0, help="how many token positions of the message are overwritten")
+        reach: int = spec(1, ge=1, help="a copy comes from at most this many positions earlier (1: the left neighbour)")
+
+    def apply(self, x: torch.Tensor, ctx: AttackContext) -> torch.Tensor:
+        v = _tokens_view(x)
+        if v is None or v.shape[1] < 2 or self.config.tokens == 0:
+            return x
+        B, T, _ = v.shape
+        gen = ctx.generator()
+        rows = torch.randint(B, (self.config.tokens,), generator=gen).tolist()
+        cols = torch.randint(1, T, (self.config.tokens,), generator=gen).tolist()
+        dist = torch.randint(0, 1 << 30, (self.config.tokens,), generator=gen).tolist()
+        out = v.clone()
+        for b, t, u in zip(rows, cols, dist):
+            out[b, t] = v[b, t - 1 - u % min(self.config.reach, t)]
+        return out.reshape(x.shape)
 
 
 @ATTACKS.register("few_tokens")

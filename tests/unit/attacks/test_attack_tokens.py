@@ -74,3 +74,15 @@ def test_rank_two_tensors_are_declined():
     v = torch.randn(16)
     for name in ("token_permute", "batch_permute", "sequence_swap"):
         assert make(name).apply(v, ctx()) is v
+
+
+def test_token_copy_overwrites_a_few_tokens_with_earlier_ones_of_their_sequence():
+    y = make("token_copy", tokens=3, reach=4).apply(X, ctx())
+    changed = (y != X).any(-1).nonzero().tolist()
+    assert 1 <= len(changed) <= 3
+    for b, t in changed:
+        assert t >= 1 and any(torch.equal(y[b, t], X[b, s]) for s in range(max(0, t - 4), t))
+    assert torch.equal(make("token_copy").apply(X, ctx()), make("token_copy").apply(X, ctx()))  # seeded
+    assert make("token_copy", tokens=0).apply(X, ctx()) is X
+    one = X[:, :1].clone()
+    assert make("token_copy").apply(one, ctx()) is one  # one token per sequence: nothing earlier to copy
