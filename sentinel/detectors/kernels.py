@@ -227,6 +227,69 @@ def relation(y, r, start, stride, out):  # pragma: no cover - compiled
         out[3] = high
 
 
+@numba.njit(cache=True, nogil=True, fastmath=True)
+def match(y, r, start, stride, floor, typical):  # pragma: no cover - compiled
+    """`tokens.match` on rows start, start + stride, ... of y, r (N, C) float32: both centred by their own per-feature
+    mean over those rows (float64 sums), each row scaled to unit length (float32; rows of zero centred norm in either
+    are left out), then for every row i the best cosine of y_i with another row's r_j among the rows that received at
+    most `typical` x the median |r|^2 (as sent, not centred; `typical` <= 0: all); returns max_i of
+    log(max(1 - cos(y_i, r_i), floor)) - log(max(1 - max_j cos(y_i, r_j), floor)), 0.0 with fewer than two rows.
+    `fastmath` vectorises the dot products; nothing here needs to match another computation bit for bit."""
+    n, C = y.shape
+    m = (n - start + stride - 1) // stride
+    my = np.zeros(C)
+    mr = np.zeros(C)
+    for i in range(start, n, stride):
+        for c in range(C):
+            my[c] += y[i, c]
+            mr[c] += r[i, c]
+    for c in range(C):
+        my[c] /= m
+        mr[c] /= m
+    yn = np.empty((m, C), dtype=np.float32)
+    rn = np.empty((m, C), dtype=np.float32)
+    received = np.empty(m)  # |r_i|^2 as received (not centred), of the rows kept
+    k = 0
+    for i in range(start, n, stride):
+        ny = 0.0
+        nr = 0.0
+        sr = 0.0
+        for c in range(C):
+            a = np.float64(y[i, c]) - my[c]
+            b = np.float64(r[i, c]) - mr[c]
+            ny += a * a
+            nr += b * b
+            sr += np.float64(r[i, c]) * np.float64(r[i, c])
+        if ny > 0.0 and nr > 0.0:
+            received[k] = sr
+            sy = 1.0 / np.sqrt(ny)
+            sr = 1.0 / np.sqrt(nr)
+            for c in range(C):
+                yn[k, c] = np.float32((np.float64(y[i, c]) - my[c]) * sy)
+                rn[k, c] = np.float32((np.float64(r[i, c]) - mr[c]) * sr)
+            k += 1
+    if k < 2:
+        return 0.0
+    limit = typical * np.median(received[:k]) if typical > 0.0 else np.inf
+    best = -np.inf
+    for i in range(k):
+        own = np.float32(0.0)
+        for c in range(C):
+            own += yn[i, c] * rn[i, c]
+        other = np.float32(-2.0)
+        for j in range(k):
+            if j != i and received[j] <= limit:
+                d = np.float32(0.0)
+                for c in range(C):
+                    d += yn[i, c] * rn[j, c]
+                if d > other:
+                    other = d
+        gap = np.log(max(1.0 - np.float64(own), floor)) - np.log(max(1.0 - np.float64(other), floor))
+        if gap > best:
+            best = gap
+    return best
+
+
 @numba.njit(cache=True, nogil=True)
 def window_insert(rows, count, old, new, full):  # pragma: no cover - compiled
     """Sliding windows kept sorted: in each row of `rows` (D, W), whose first `count` entries are sorted,

@@ -10,7 +10,7 @@ Per stream:
     baseline   bias-corrected EMA of message signatures (decay beta_act forward, beta_grad backward); token
                clipping first (a token longer than `token_clip` x the median is scaled down, `distances.py`)
     statistics pooled distances to the baseline (`distances.py`) and token-level relations to what the sender
-               received (`tokens.py`: align, align_tail, gain_low; token_norm and gain_high on request)
+               received (`tokens.py`: align, align_tail, gain_low, match; token_norm and gain_high on request)
     calibrated (default) each statistic's tail probability under the stream's honest traffic, from a
                generalised Pareto tail fitted to a window of its last `window` accepted values
                (`calibration.py`; log scale for the magnitudes), Bonferroni-combined into the message's
@@ -61,7 +61,7 @@ from sentinel.detectors.distances import (
 )
 from sentinel.detectors.streams import Stream, mix
 from sentinel.detectors.tokens import (
-    GAIN_STATS,
+    NOT_ON_IDS,
     RELATION,
     RELATION_STATS,
     IdRelation,
@@ -87,6 +87,7 @@ DistanceName = Literal[
     "align_tail",
     "gain_low",
     "gain_high",
+    "match",
 ]
 # The default: every pooled distance and the relation statistics. token_norm (max / median token norm) is left out:
 # honest gradients of the last stage grow single huge tokens as the model learns (max / median from ~3 to 20-570
@@ -96,7 +97,9 @@ DistanceName = Literal[
 # of 34 on held-out text, but the realistic Llama's honest traffic outran its windows while the model trained (its
 # trained activations grow single tokens by far more than the others) and the clean message FPR of 200-step runs rose
 # from 0.44-0.87% to 0.69-1.77% (seeds 0-3), over the 1% the defaults aim at (issue-18 note, stop 30).
-STATISTICS = DISTANCES + ("align", "align_tail", "gain_low")
+# match (another input token explains an output token better than its own) sees a token copied from a neighbour,
+# which align_tail, on text, barely does (tokens.py; issue-18 note, stop 33).
+STATISTICS = DISTANCES + ("align", "align_tail", "gain_low", "match")
 FLAG_MEMORY = 10  # steps: a sender's outliers teach the windows (capped) at most once in this many
 MIN_EVIDENCE = 40  # accepted values a window needs before its p-values feed the sequential test (8 above Q80)
 
@@ -129,7 +132,8 @@ class Sentinel(Detector):
         distances: tuple[DistanceName, ...] = spec(
             STATISTICS,
             help="statistics judged: the pooled distances to the baseline and the token-level ones "
-            "(tokens.py: align, align_tail and gain_low where the sender's input is known; token_norm and gain_high on request)",
+            "(tokens.py: align, align_tail, gain_low and match where the sender's input is known; token_norm and gain_high "
+            "on request)",
         )
         gradient_skip: tuple[DistanceName, ...] = spec(
             ("l2_normalized",),
@@ -322,7 +326,7 @@ class Sentinel(Detector):
         if is_token_ids(ref, msg.payload):  # the first stage: the relation is to its input token ids
             st.ids = IdRelation(self.config.num_projections, self.config.beta_act)
             self._ids_now = self._sampled_ids(msg.payload, ref, offset)
-            skip = (*skip, *GAIN_STATS)  # token ids have no magnitude to compare a gain with
+            skip = (*skip, *NOT_ON_IDS)  # token ids: no magnitude to compare a gain with, no vectors to match
         has_ref = has_ref or st.ids is not None
         st.setup(self.config, tuple(n for n in self.names if (has_ref or n not in RELATION_STATS) and n not in skip))
         st.fences.set_resolution(resolutions(st.names, lay))

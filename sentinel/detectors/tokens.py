@@ -3,8 +3,8 @@
 Every pooled statistic of `distances.py` (per-feature means, moments, sliced quantiles of the token cloud)
 is a function of the *multiset* of token vectors: it does not change when a sender reorders its tokens
 along the sequence or the batch, exchanges whole sequences or microbatches, or alters a handful of
-tokens among hundreds. Five statistics look at tokens one by one (all "larger = more anomalous"; judged by
-default: align, align_tail, gain_low; gain_high on request):
+tokens among hundreds. Six statistics look at tokens one by one (all "larger = more anomalous"; judged by
+default: align, align_tail, gain_low, match; token_norm and gain_high on request):
 
     token_norm   max_i |x_i| / median_i |x_i|         (few tokens scaled up; measured before clipping)
     align        1 - mean_i cos(y_i - ybar, r_i - rbar)   (the relation between what a stage received and
@@ -29,6 +29,29 @@ doubled the clean message FPR. An honest token seldom *loses* magnitude against 
 gradients of both, <= 1.1 on activations), so gain_low sees tokens shrunk (x 0.05: 3.0) or zeroed (a zero norm
 counts as 1e-30: gain_low ~ 69 + log |r_i|). Neither is judged on the first stage (its input is token ids, with no
 magnitude to compare).
+
+    match        max_i log[(1 - cos(y_i, r_i)) / (1 - max_j cos(y_i, r_j))]   (over the sampled tokens, both centred;
+                 j != i over the tokens that received a typical magnitude; each 1 - cos floored at MATCH_FLOOR)
+
+`align_tail` asks whether output token i points where its own input does; `match` asks whether some *other* input
+token explains it better. On text a deep stage's neighbouring tokens are alike, so a token overwritten by its
+neighbour's output still points roughly where its own input does: on held-out C-header bytes (12 layers x 96, 6 x 4
+mesh) one such token per activation message moved align_tail to a median of 0.13-0.39 against an honest 99th
+percentile of 0.2-0.72, and the attackers took 17-48 steps to ban (two never were). The neighbour's input explains
+it ~10x better than its own (match 3.4-4.5 against honest maxima of 1.2-1.7 on three of the four boundaries). Honest
+matches stay low because a stage's residual update is small: a token's own input explains it better than any other
+token's, up to near-ties between near-identical tokens (repeated bytes at a shallow stage: honest match up to 1.8
+there). Two honest exceptions shaped the definition:
+- the ratio, not the difference of the cosines: the difference's honest tail followed the spread of the own cosine,
+  and judged by default it flagged 12-13 honest messages per 80-step run against 1-5 for the ratio;
+- only inputs of a typical magnitude explain another token (as `gain_high`): a backward pass moves gradient from the
+  tokens that received far more than the others onto the tokens they attend to, so an honest output token can point
+  where a big receiver's input does (byte-level text, 4 layers: 1 - cos 1.65 to its own input, 0.23 to that of a
+  token that received 6.7x the median; match 2.0, flagged). With every input as a candidate the clean message FPR
+  of byte-level text on the paper mesh rose from 0.42% to 0.65% over seeds 0-7 (two seeds over 1%, flags on the
+  gradients cascading once a flagged microbatch was dropped); with typical inputs only, 0.50%.
+Not on the first stage (no input vectors) nor the last stage's gradients (none received). m^2 C multiply-adds per
+message, m the sampled tokens (`max_tokens`), at most MATCH_TOKENS of them (with `max_tokens: null`, every k-th).
 
 For `align`, y is the message and r what its sender received for the same microbatch
 (`DetectorEnv.sender_inputs`): the input activation of a forward message, the gradient it received for
@@ -61,10 +84,13 @@ import math
 import numpy as np
 import torch
 
-TOKEN_STATS = ("token_norm", "align", "align_tail", "gain_low", "gain_high")
-GAIN_STATS = ("gain_low", "gain_high")  # not on the first stage: its input is token ids
-RELATION = ("align", "align_tail", *GAIN_STATS)  # what `relation` writes, in order
+TOKEN_STATS = ("token_norm", "align", "align_tail", "gain_low", "gain_high", "match")
+GAIN_STATS = ("gain_low", "gain_high")
+NOT_ON_IDS = (*GAIN_STATS, "match")  # not on the first stage: its input is token ids
+RELATION = ("align", "align_tail", *GAIN_STATS, "match")  # what `relation` writes, in order
 RELATION_STATS = frozenset(RELATION)  # NaN where the sender's input is not available
+MATCH_FLOOR = 1e-4  # `match`: a cosine within this of 1 is as good as equal
+MATCH_TOKENS = 256  # `match` compares every pair of at most this many tokens (the default `max_tokens` is 128)
 
 
 def token_norm(norms: np.ndarray) -> float:
@@ -89,18 +115,32 @@ def relation(
     max_tokens: int | None = None,
     offset: int = 0,
 ) -> bool:
-    """Writes (align, align_tail[, gain_low, gain_high]) of `payload` against `reference` to `out` (2 or 4 entries);
-    False (out untouched) when there is no comparable reference (none, token ids, another shape). Over every s-th
-    token from `offset` (s = ceil(N / max_tokens), the tokens the signature's moments sample), or all of them."""
+    """Writes (align, align_tail[, gain_low, gain_high[, match]]) of `payload` against `reference` to `out` (2, 4 or
+    5 entries); False (out untouched) when there is no comparable reference (none, token ids, another shape). Over
+    every s-th token from `offset` (s = ceil(N / max_tokens), the tokens the signature's moments sample), or all."""
     if reference is None or not torch.is_floating_point(reference) or reference.shape != payload.shape:
         return False
     from sentinel.detectors import kernels
 
-    y = _tokens(payload)
+    y, r = _tokens(payload), _tokens(reference)
     n = y.shape[0]
     stride = 1 if max_tokens is None or n <= max_tokens else -(-n // max_tokens)
-    kernels.relation(y, _tokens(reference), offset % stride, stride, out)
+    kernels.relation(y, r, offset % stride, stride, out)
+    if out.shape[0] > 4:  # m^2 C work: at most MATCH_TOKENS of the sampled tokens (every k-th of them)
+        m = len(range(offset % stride, n, stride))
+        out[4] = match(y, r, offset % stride, stride * -(-m // MATCH_TOKENS))
     return True
+
+
+def match(y: np.ndarray, r: np.ndarray, start: int = 0, stride: int = 1) -> float:
+    """max_i log[(1 - cos(y_i, r_i)) / (1 - max_j cos(y_i, r_j))] over rows start, start + stride, ... of the tokens
+    y, r (N, C), both centred by their own mean token, j != i over the tokens that received a typical magnitude
+    (|r_j|^2 <= `kernels.TYPICAL_RECEIVED` x the median, as sent, not centred: as `gain_high`), each 1 - cos floored
+    at MATCH_FLOOR: how many times better some other input token explains output token i than its own input does (0
+    with fewer than two tokens of non-zero centred norm)."""
+    from sentinel.detectors import kernels
+
+    return float(kernels.match(y, r, start, stride, MATCH_FLOOR, kernels.TYPICAL_RECEIVED))
 
 
 def sample_rows(n: int, max_tokens: int | None, offset: int) -> slice:

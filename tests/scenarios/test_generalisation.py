@@ -47,6 +47,18 @@ def test_a_few_gradient_tokens_zeroed_shrunk_or_scaled_up_are_banned_within_five
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("role", ["activation", "gradient"])
+def test_a_token_copied_from_its_neighbour_is_banned_within_five_steps(role):
+    """One token per message overwritten by its left neighbour's (`token_copy`), on text, where neighbouring tokens
+    are alike: the copy still points roughly where its own input does (align_tail barely moves), but the neighbour's
+    input explains it far better (`match`). Without match neither role's attackers were banned in these 24 steps."""
+    engine, malicious = run("data.source=text", f"adversary.attacks=[{{name: token_copy, role: {role}, start: 10}}]")
+    w = worker_metrics(engine.log, malicious)
+    assert sorted(w["banned"]) == sorted(malicious) and w["false_bans"] == 0
+    assert w["max_steps_to_ban"] <= 5
+
+
+@pytest.mark.slow
 def test_honest_text_traffic_keeps_the_false_alarm_rate_low():
     engine, _ = run("data.source=text", "adversary.attacks=[]", "training.steps=40")
     assert message_metrics(engine.log)["fpr"] <= 0.01 and len(engine.log.bans) == 0

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from sentinel.detectors import kernels
-from sentinel.detectors.tokens import reference_of, relation, token_norm
+from sentinel.detectors.tokens import MATCH_FLOOR, match, reference_of, relation, token_norm
 
 
 def reference_relation(y: np.ndarray, r: np.ndarray) -> tuple[float, float]:
@@ -86,6 +86,75 @@ def test_a_single_flipped_token_moves_the_tail():
     relation(t, r, bad)
     assert bad[0] - honest[0] < 0.05  # one token of 64 barely moves the mean
     assert honest[1] < 0.5 and bad[1] > 1.5  # but takes the minimum cosine to ~-1
+
+
+def reference_match(y: np.ndarray, r: np.ndarray) -> float:
+    y, r = y.reshape(-1, y.shape[-1]).astype(np.float64), r.reshape(-1, r.shape[-1]).astype(np.float64)
+    yc, rc = y - y.mean(0), r - r.mean(0)
+    ny, nr = np.linalg.norm(yc, axis=1), np.linalg.norm(rc, axis=1)
+    ok = (ny > 0) & (nr > 0)
+    if ok.sum() < 2:
+        return 0.0
+    cos = (yc[ok] / ny[ok, None]) @ (rc[ok] / nr[ok, None]).T
+    own = np.diag(cos).copy()
+    np.fill_diagonal(cos, -np.inf)
+    received = (r[ok] ** 2).sum(1)  # only inputs of a typical magnitude explain another token (as gain_high)
+    cos[:, received > kernels.TYPICAL_RECEIVED * np.median(received)] = -np.inf
+    gap = np.log(np.maximum(1 - own, MATCH_FLOOR)) - np.log(np.maximum(1 - np.maximum(cos.max(1), -2), MATCH_FLOOR))
+    return float(gap.max())
+
+
+def smooth_pair(seed: int, shape=(4, 32, 32), rho=0.9, update=0.3):
+    """`residual_pair` on inputs whose neighbouring tokens are alike (an AR(1) walk along the sequence, correlation
+    `rho`), as a deep stage's residual stream on text: a token copied from its neighbour keeps most of its direction."""
+    g = torch.Generator().manual_seed(seed)
+    e = torch.randn(shape, generator=g)
+    r = torch.empty(shape)
+    r[:, 0] = e[:, 0]
+    for t in range(1, shape[1]):
+        r[:, t] = rho * r[:, t - 1] + (1 - rho**2) ** 0.5 * e[:, t]
+    r = r + 0.5
+    w = torch.randn(shape[-1], shape[-1], generator=g) / shape[-1] ** 0.5
+    return r + update * torch.tanh(r @ w), r
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_match_kernel_is_the_numpy_definition(seed):
+    y, r = smooth_pair(seed)
+    if seed == 1:
+        y.view(-1, 32)[5] = y.view(-1, 32).mean(0)  # a token equal to the mean: left out (no direction)
+    assert match(y.view(-1, 32).numpy(), r.view(-1, 32).numpy()) == pytest.approx(
+        reference_match(y.numpy(), r.numpy()), abs=1e-4
+    )
+    out = np.empty(5)
+    assert relation(y, r, out, max_tokens=32, offset=6)  # 128 tokens: every 4th from 2
+    want = reference_match(y.reshape(-1, 32)[2::4].numpy(), r.reshape(-1, 32)[2::4].numpy())
+    assert out[4] == pytest.approx(want, abs=1e-4)
+    assert match(np.ones((3, 4), np.float32), r.view(-1, 32)[:3, :4].numpy().copy()) == 0.0  # no direction: no match
+    big_y, big_r = smooth_pair(seed, shape=(8, 128, 32))  # 1024 tokens, all sampled: match reads every 4th (256)
+    assert relation(big_y, big_r, out)
+    want = reference_match(big_y.reshape(-1, 32)[::4].numpy(), big_r.reshape(-1, 32)[::4].numpy())
+    assert out[4] == pytest.approx(want, abs=1e-4)
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_a_token_copied_from_its_neighbour_moves_the_match_not_the_tail(seed):
+    """On inputs whose neighbouring tokens are alike, an output token replaced by its left neighbour's still points
+    roughly where its own input does (align_tail ~0.1-0.15, a deep stage's honest tail on text reaches 0.2-0.7), but
+    the neighbour's input explains it many times better than its own (match from below 0 to ~2): the
+    x_dup / token_copy attack of the issue-18 notes."""
+    y, r = smooth_pair(seed)
+    t = y.clone()
+    t[1, 9] = y[1, 8]
+    honest, bad = np.empty(5), np.empty(5)
+    relation(y, r, honest)
+    relation(t, r, bad)
+    assert honest[4] < 0.0 and bad[4] > 1.5
+    assert bad[1] < 0.2  # the tail barely sees it
+    perm = y.clone()
+    perm[2] = y[2, torch.randperm(32, generator=torch.Generator().manual_seed(seed))]
+    relation(perm, r, bad)
+    assert bad[4] > 3.0  # a permutation: many tokens explained far better by another's input
 
 
 def reference_gains(y: np.ndarray, r: np.ndarray) -> tuple[float, float]:
@@ -186,3 +255,21 @@ def test_first_stage_relation_to_token_ids():
     rel.judge(z[perm], ids, out)
     assert out[0] > 0.6
     assert rel.judge(z, np.full(64, 10**7), out) is False  # ids beyond the table: not judged
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_match_leaves_out_inputs_of_atypical_magnitude(seed):
+    """An honest backward pass moves gradient from the tokens that received far more than the others onto the tokens
+    they attend to: such a token's output can point where a big receiver's input does (on held-out text honest
+    match reached 2.0 that way, and flagged). Only inputs of a typical magnitude may explain another token (as
+    gain_high reads only tokens that received a typical magnitude)."""
+    y, r = residual_pair(seed)
+    flat_y, flat_r = y.view(-1, 32), r.view(-1, 32)
+    flat_y[5] = flat_r[40] * 1.5  # token 5's output points where token 40's input does
+    out = np.empty(5)
+    relation(y, r, out)
+    assert out[4] > 3.0  # token 40 received a typical magnitude: another token's input explains token 5
+    flat_r[40] *= 4.0  # now token 40 received 4x the others (16x in |r|^2)
+    flat_y[5] = flat_r[40] * 1.5
+    relation(y, r, out)
+    assert out[4] < 1.0  # left out: the best typical input explains token 5 no better than chance
