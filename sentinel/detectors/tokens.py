@@ -48,8 +48,9 @@ there). Two honest exceptions shaped the definition:
   tokens that received far more than the others onto the tokens they attend to, so an honest output token can point
   where a big receiver's input does (byte-level text, 4 layers: 1 - cos 1.65 to its own input, 0.23 to that of a
   token that received 6.7x the median; match 2.0, flagged). With every input as a candidate the clean message FPR
-  of byte-level text on the paper mesh rose from 0.42% to 0.65% over seeds 0-7 (two seeds over 1%, flags on the
-  gradients cascading once a flagged microbatch was dropped); with typical inputs only, 0.50%.
+  of byte-level text on the paper mesh rose from 0.35% to 0.54% over seeds 0-7 (one seed at 1.13%: flags on the
+  gradients, cascading once a flagged microbatch was dropped); with typical inputs only, 0.41% (issue-18 note, stop
+  33).
 Not on the first stage (no input vectors) nor the last stage's gradients (none received). m^2 C multiply-adds per
 message, m the sampled tokens (`max_tokens`), at most MATCH_TOKENS of them (with `max_tokens: null`, every k-th).
 
