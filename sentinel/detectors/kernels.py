@@ -262,11 +262,11 @@ def match(y, r, start, stride, floor, typical):  # pragma: no cover - compiled
             sr += np.float64(r[i, c]) * np.float64(r[i, c])
         if ny > 0.0 and nr > 0.0:
             received[k] = sr
-            sy = 1.0 / np.sqrt(ny)
-            sr = 1.0 / np.sqrt(nr)
+            inv_y = 1.0 / np.sqrt(ny)
+            inv_r = 1.0 / np.sqrt(nr)
             for c in range(C):
-                yn[k, c] = np.float32((np.float64(y[i, c]) - my[c]) * sy)
-                rn[k, c] = np.float32((np.float64(r[i, c]) - mr[c]) * sr)
+                yn[k, c] = np.float32((np.float64(y[i, c]) - my[c]) * inv_y)
+                rn[k, c] = np.float32((np.float64(r[i, c]) - mr[c]) * inv_r)
             k += 1
     if k < 2:
         return 0.0
