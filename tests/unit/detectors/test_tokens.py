@@ -21,12 +21,17 @@ def reference_relation(y: np.ndarray, r: np.ndarray) -> tuple[float, float]:
     return 1.0 - cos.mean(), 1.0 - cos.min()
 
 
+def residual_update(r: torch.Tensor, g: torch.Generator, update: float):
+    """(y, r): a stage's output y = r + F(r) for its input r (a small residual update), like a transformer block."""
+    w = torch.randn(r.shape[-1], r.shape[-1], generator=g) / r.shape[-1] ** 0.5
+    return r + update * torch.tanh(r @ w), r
+
+
 def residual_pair(seed: int, shape=(4, 16, 32), update=0.3):
     """A stage's input r and its output y = r + F(r) (a small residual update), like a transformer block."""
     g = torch.Generator().manual_seed(seed)
     r = torch.randn(shape, generator=g) + 0.5  # a shared mean direction, removed by the centring
-    w = torch.randn(shape[-1], shape[-1], generator=g) / shape[-1] ** 0.5
-    return r + update * torch.tanh(r @ w), r
+    return residual_update(r, g, update)
 
 
 @pytest.mark.parametrize("seed", range(5))
@@ -113,9 +118,7 @@ def smooth_pair(seed: int, shape=(4, 32, 32), rho=0.9, update=0.3):
     r[:, 0] = e[:, 0]
     for t in range(1, shape[1]):
         r[:, t] = rho * r[:, t - 1] + (1 - rho**2) ** 0.5 * e[:, t]
-    r = r + 0.5
-    w = torch.randn(shape[-1], shape[-1], generator=g) / shape[-1] ** 0.5
-    return r + update * torch.tanh(r @ w), r
+    return residual_update(r + 0.5, g, update)
 
 
 @pytest.mark.parametrize("seed", range(3))
