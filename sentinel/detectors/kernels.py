@@ -311,52 +311,66 @@ def window_insert(rows, count, old, new, full):  # pragma: no cover - compiled
 
 
 @numba.njit(cache=True, nogil=True)
-def tail_pvalues(rows, count, q0, floor, max_shape, t, out):  # pragma: no cover - compiled
-    """Upper-tail p-values of t (D,) against sorted windows `rows` (D, >= count) (see `calibration.py`): above
-    each window's q0 quantile u (numpy's linear quantile) a generalised Pareto tail whose shape xi and scale
-    beta are the method-of-moments fit to the window's excesses over u (xi = (1 - mean^2 / var) / 2 clipped to
-    [0, max_shape], beta = mean (1 - xi) floored at `floor[i]`); at or below u the empirical rank
-    (1 + #{w >= t}) / (n + 1). NaN -> NaN."""
-    n = count
+def tail_p(row, n, q0, floor, max_shape, x):  # pragma: no cover - compiled
+    """Upper-tail p-value of x against the sorted window `row[:n]` (see `calibration.py`): above the window's q0
+    quantile u (numpy's linear quantile) a generalised Pareto tail whose shape xi and scale beta are the
+    method-of-moments fit to the window's excesses over u (xi = (1 - mean^2 / var) / 2 clipped to
+    [0, max_shape], beta = mean (1 - xi) floored at `floor`); at or below u the empirical rank
+    (1 + #{w >= x}) / (n + 1)."""
     pos = q0 * (n - 1)
     lo = int(pos)
     hi = min(lo + 1, n - 1)
-    frac = pos - lo
+    u = row[lo] + (pos - lo) * (row[hi] - row[lo])
+    if x <= u:
+        below = np.searchsorted(row[:n], x)  # values < x
+        return (1.0 + n - below) / (n + 1.0)
+    total = 0.0
+    total2 = 0.0
+    k = 0
+    j = n - 1
+    while j >= 0 and row[j] > u:
+        e = row[j] - u
+        total += e
+        total2 += e * e
+        k += 1
+        j -= 1
+    mean = total / k if k > 0 else 0.0
+    xi = 0.0
+    if k > 2:
+        var = (total2 - k * mean * mean) / (k - 1)
+        if var > 0.0:
+            xi = 0.5 * (1.0 - mean * mean / var)
+            xi = min(max(xi, 0.0), max_shape)
+    beta = max(mean * (1.0 - xi), floor)
+    z = (x - u) / beta
+    if xi < 1e-6:
+        return (1.0 - q0) * np.exp(-z)
+    return (1.0 - q0) * np.exp(-np.log1p(xi * z) / xi)
+
+
+@numba.njit(cache=True, nogil=True)
+def tail_pvalues(rows, count, q0, floor, max_shape, t, out):  # pragma: no cover - compiled
+    """Upper-tail p-values (`tail_p`) of t (D,) against sorted windows `rows` (D, >= count). NaN -> NaN."""
     for i in range(rows.shape[0]):
-        x = t[i]
-        if np.isnan(x):
-            out[i] = np.nan
+        out[i] = np.nan if np.isnan(t[i]) else tail_p(rows[i], count, q0, floor[i], max_shape, t[i])
+
+
+@numba.njit(cache=True, nogil=True)
+def recent_pvalues(ring, pos, count, recent, q0, floor, max_shape, t, out):  # pragma: no cover - compiled
+    """Where a value lies in its window's tail (out[i] < 1 - q0), raise its p-value `out[i]` to its tail p-value
+    (`tail_p`) against the window's `recent` latest values: those before `pos` in the arrival-order ring
+    (W, D) of a window holding `count` values. Nothing changes unless count > recent."""
+    if recent <= 0 or count <= recent:
+        return
+    W = ring.shape[0]
+    buf = np.empty(recent)
+    for i in range(out.shape[0]):
+        if not out[i] < 1.0 - q0:  # in the window's body, or NaN
             continue
-        u = rows[i, lo] + frac * (rows[i, hi] - rows[i, lo])
-        if x > u:
-            total = 0.0
-            total2 = 0.0
-            k = 0
-            j = n - 1
-            while j >= 0 and rows[i, j] > u:
-                e = rows[i, j] - u
-                total += e
-                total2 += e * e
-                k += 1
-                j -= 1
-            mean = total / k if k > 0 else 0.0
-            xi = 0.0
-            if k > 2:
-                var = (total2 - k * mean * mean) / (k - 1)
-                if var > 0.0:
-                    xi = 0.5 * (1.0 - mean * mean / var)
-                    xi = min(max(xi, 0.0), max_shape)
-            beta = mean * (1.0 - xi)
-            if beta < floor[i]:
-                beta = floor[i]
-            z = (x - u) / beta
-            if xi < 1e-6:
-                out[i] = (1.0 - q0) * np.exp(-z)
-            else:
-                out[i] = (1.0 - q0) * np.exp(-np.log1p(xi * z) / xi)
-        else:
-            below = np.searchsorted(rows[i, :n], x)  # values < x
-            out[i] = (1.0 + n - below) / (n + 1.0)
+        for k in range(recent):
+            buf[k] = ring[(pos - 1 - k) % W, i]
+        buf.sort()
+        out[i] = max(out[i], tail_p(buf, recent, q0, floor[i], max_shape, t[i]))
 
 
 @numba.njit(cache=True, nogil=True)
@@ -444,13 +458,15 @@ def id_learn(z, ids, table, weight, center, beta):  # pragma: no cover - compile
 
 
 @numba.njit(cache=True, nogil=True)
-def calibrate(rows, count, q0, floor, max_shape, logs, values, subset, t, p):  # pragma: no cover - compiled
+def calibrate(rows, ring, pos, count, recent, q0, floor, max_shape, logs, values, subset, t, p):  # pragma: no cover
     """One message's calibration in one call: t = values on the calibration scale (log where `logs`; NaN stays
-    NaN), p = their tail p-values (`tail_pvalues`); returns Bonferroni's p over all and over `subset` (`bonferroni`)."""
+    NaN), p = their tail p-values (`tail_pvalues`, raised by `recent_pvalues`); returns Bonferroni's p over all
+    and over `subset` (`bonferroni`)."""
     for i in range(values.shape[0]):
         v = values[i]
         t[i] = np.log(max(v, 1e-30)) if logs[i] and v == v else v
     tail_pvalues(rows, count, q0, floor, max_shape, t, p)
+    recent_pvalues(ring, pos, count, recent, q0, floor, max_shape, t, p)
     return bonferroni(p, subset)
 
 

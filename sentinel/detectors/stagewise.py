@@ -12,7 +12,8 @@ Per stream:
     statistics pooled distances to the baseline (`distances.py`) and token-level relations to what the sender
                received (`tokens.py`: align, align_tail, gain_low, match; token_norm and gain_high on request)
     calibrated (default) each statistic's tail probability under the stream's honest traffic, from a
-               generalised Pareto tail fitted to a window of its last `window` accepted values
+               generalised Pareto tail fitted to a window of its last `window` accepted values (in the tail, the
+               larger of that and the same fit to the `recent` latest values: drift faster than the window follows)
                (`calibration.py`; log scale for the magnitudes), Bonferroni-combined into the message's
                p-value; flagged when evidence = -log10 p > `level`. The verdict carries p (and the
                relation statistics' own p) for the response policy's sequential test (sentinel/sequential.py)
@@ -156,6 +157,14 @@ class Sentinel(Detector):
             "computed over (200: ~40 above the 80th percentile to fit the tail; 100 and 50 gave 1.6x and "
             "3x the honest flag rate on byte-level text)",
         )
+        recent: int = spec(
+            60,
+            ge=0,
+            help="calibrated: a value in its window's tail gets the larger of its tail probabilities under the "
+            "window and under the window's `recent` latest values (honest traffic that drifts faster than the "
+            "window follows, e.g. a model's training phase, is judged by where the stream is now); 0, or not "
+            "below `window`: off",
+        )
         k: float = spec(4.0, gt=0, help="outer Tukey fence: flag above Q3 + k * IQR")
         k_learn: float = spec(
             2.5,
@@ -231,6 +240,8 @@ class Sentinel(Detector):
             out.append(("vote_m", f"{cfg.vote_m} votes needed but only {len(cfg.distances)} distances"))
         if cfg.k_learn > cfg.k:
             out.append(("k_learn", f"the inner fence ({cfg.k_learn}) must not exceed the outer one (k = {cfg.k})"))
+        if 0 < cfg.recent < 16:
+            out.append(("recent", f"must be 0 (off) or at least 16 (a tail to fit), got {cfg.recent}"))
         if cfg.learn_level > cfg.level:
             out.append(
                 (

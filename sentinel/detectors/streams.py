@@ -57,7 +57,7 @@ class Stream:
         self.pooled = tuple(n for n in names if n in DISTANCES)
         self.relation = np.array([n in RELATION_STATS for n in names])
         if cfg.combine == "calibrated":
-            self.fences = TailCalibrator(names, cfg.window, fence_logs(cfg, names))
+            self.fences = TailCalibrator(names, cfg.window, fence_logs(cfg, names), recent=cfg.recent)
         else:
             self.fences = Fences(names, cfg.window, cfg.k, log=fence_logs(cfg, names))
 

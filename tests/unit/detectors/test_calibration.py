@@ -40,9 +40,11 @@ def test_sorted_windows_follow_the_ring_and_pvalues_match_numpy():
     assert np.isnan(cal.pvalues(np.array([np.nan, 0.0, 0.0]))[0])
 
 
+@pytest.mark.parametrize("recent", [0, 50])
 @pytest.mark.parametrize("law", ["normal", "lognormal", "student3", "exponential"])
-def test_honest_tail_probabilities_are_calibrated(law):
-    """On stationary honest streams of any of these shapes, P(p < a) stays within a small factor of a."""
+def test_honest_tail_probabilities_are_calibrated(law, recent):
+    """On stationary honest streams of any of these shapes, P(p < a) stays within a small factor of a (with or
+    without the recent values' tail: the larger of two p-values is conservative, and not by much)."""
     rng = np.random.default_rng(1)
     draw = {
         "normal": lambda n: rng.normal(size=n),
@@ -53,7 +55,7 @@ def test_honest_tail_probabilities_are_calibrated(law):
     log = law == "lognormal"
     hits, total = np.zeros(2), 0
     for _ in range(40):
-        cal = TailCalibrator(("s",), 100, (log,))
+        cal = TailCalibrator(("s",), 100, (log,), recent=recent)
         for x in draw(100):
             cal.push(np.array([x]))
         p = np.array([cal.pvalues(cal.transform(np.array([x])))[0] for x in draw(2000)])
@@ -63,13 +65,57 @@ def test_honest_tail_probabilities_are_calibrated(law):
     assert 0.3e-2 < rate[0] < 2.5e-2 and rate[1] < 5e-3, rate  # a Gaussian z on student3 gives ~10x at 1e-3
 
 
-def test_levels_invert_the_pvalues():
+@pytest.mark.parametrize("recent", [0, 30])
+def test_levels_invert_the_pvalues(recent):
     rng = np.random.default_rng(2)
-    cal = TailCalibrator(("a", "b"), 100, (False, True))
-    for _ in range(100):
-        cal.push(np.array([rng.normal(), np.exp(rng.normal())]))
+    cal = TailCalibrator(("a", "b"), 100, (False, True), recent=recent)
+    for i in range(130):  # the last 30 drifted (wider): with `recent`, their tail sets the level
+        s = 1.0 if i < 100 else 3.0
+        cal.push(np.array([s * rng.normal(), np.exp(s * rng.normal())]))
     lv = cal.level(1e-4)
     np.testing.assert_allclose(cal.pvalues(cal.transform(lv)), 1e-4, rtol=1e-9)
+
+
+def drifted(recent: int, seed: int = 3) -> TailCalibrator:
+    """A window of 200 whose latest 40 values are 3x as spread (honest traffic in a training phase)."""
+    rng = np.random.default_rng(seed)
+    cal = TailCalibrator(("a", "b"), 200, (False, True), recent=recent)
+    for i in range(240):
+        scale = 0.1 if i < 200 else 0.3
+        cal.push(np.array([scale * rng.normal(), np.exp(scale * rng.normal())]))
+    return cal
+
+
+def test_recent_values_judge_a_stream_that_drifted():
+    """A value in the window's tail gets the larger of its tail p-values under the window and under its 60 latest
+    values (numpy reference); a value in the window's body keeps the window's rank."""
+    cal, plain = drifted(60), drifted(0)
+    for x in (0.0, 0.3, 0.8, 1.3):
+        t = np.array([x, x])
+        got, old = cal.pvalues(t), plain.pvalues(t)
+        for j in range(2):
+            ring = np.roll(cal._ring[:, j], -cal._pos)  # arrival order, oldest first
+            whole = reference_p(ring, t[j], cal.floor[j])
+            assert old[j] == pytest.approx(whole, rel=1e-9)
+            expect = max(whole, reference_p(ring[-60:], t[j], cal.floor[j])) if whole < 1 - Q0 else whole
+            assert got[j] == pytest.approx(expect, rel=1e-9)
+    # against the 200 values 1.0 is beyond the flag level's share; where the stream is now, 4x more likely
+    far = np.array([1.0, 1.0])
+    assert plain.pvalues(far)[0] < 1e-3 < cal.pvalues(far)[0]
+    t, p_all, _ = cal.judge(np.array([1.0, np.e]), np.zeros(2, dtype=bool))  # the compiled one-call path agrees
+    np.testing.assert_allclose(t, far)
+    assert p_all == pytest.approx(min(1.0, 2 * cal.pvalues(far).min()), rel=1e-9)
+
+
+def test_recent_values_change_nothing_until_the_window_holds_more_of_them():
+    cal, plain = drifted(60), drifted(0)
+    small, small_plain = TailCalibrator(("a",), 200, (False,), recent=60), TailCalibrator(("a",), 200, (False,))
+    rng = np.random.default_rng(4)
+    for x in rng.normal(size=60):
+        small.push(np.array([x]))
+        small_plain.push(np.array([x]))
+    assert small.pvalues(np.array([5.0]))[0] == small_plain.pvalues(np.array([5.0]))[0]
+    assert (cal.pvalues(np.array([-1.0, 0.0])) == plain.pvalues(np.array([-1.0, 0.0]))).all()  # the body
 
 
 def test_bonferroni_combination():

@@ -229,3 +229,11 @@ def test_accepted_outliers_share_the_senders_flag_budget():
     assert not det._take_outlier_budget(st, msg(20 + FLAG_MEMORY - 1, 0, None), far)
     assert det._take_outlier_budget(st, msg(20 + FLAG_MEMORY - 1, 0, None, sender="s1r1"), far)  # per sender
     assert det._take_outlier_budget(st, msg(20 + FLAG_MEMORY, 0, None), far)
+
+
+def test_the_recent_window_is_off_at_zero_and_needs_a_tail_to_fit():
+    assert "recent" in dict(Sentinel.check_config(Sentinel.Config(recent=8)))
+    assert "recent" not in dict(Sentinel.check_config(Sentinel.Config(recent=0)))
+    det = small(recent=0)
+    feed(det, 6)
+    assert det._streams[(0, int(Role.GRADIENT))].fences.recent == 0
