@@ -48,9 +48,18 @@ the guards. On a uniform honest stream of 100,000 messages the statistic peaked 
   left with two replicas, its gradients sent two messages at p ~ 1e-6 within three steps while the stage looked
   quiet. Honest far-out messages cluster on one replica; only the slow drain keeps two of them from banning;
 - peers' tail: an anomalous message (p < ANOMALOUS) counts as if its p-value were no lower than r min(1, r / own),
-  where r is how often the worker's live stage peers sent a message at p or below over the last PEER_HORIZON (10)
+  where r is how often the worker's live stage peers sent a message as far out over the last PEER_HORIZON (30)
   steps (each peer's share of its own messages in the stream, counted once it sent PEER_EVENTS (2) such messages)
-  and own the worker's share.
+  and own the worker's share over the last OWN_HORIZON (10) steps. "As far out" is at p or below, and at TAIL_P
+  (1e-4) or below for a message beyond it: past the windows' calibrated tail a p-value of 1e-14 is not more
+  surprising than one of 1e-5. Both came from false bans of honest replicas once the windows followed their
+  streams' drift (`recent` in `calibration.py`), which took the stage-wide part of the evidence away and left the
+  bursts: in 12-layer models' training phases (held-out Python source and BPE copyright text, C headers, 6 x 4
+  meshes) a replica's stream sent three to five messages at p ~ 1e-4 to 1e-42 within 3-7 steps while its peers
+  sent such messages every 10-30 steps (p ~ 1e-5 to 1e-37), each compared at its own p and over 10 steps: no rate.
+  Replayed over the recorded evidence of 15 honest 80-150-step runs and 41 attacked ones (`rec.py`-style
+  recordings, issue-18 note, stop 34): honest bans 7 -> 0, every attacker's ban step the same but one (9 -> 8);
+  the own share over 10 steps rather than 30, so an attacker's honest past does not dilute its current rate.
   Honest far-out messages come in waves that reach a stage's replicas one by one: on held-out text (C headers,
   byte-level, 12 layers, a 6 x 4 mesh) a stage's gradients sent messages at p ~ 1e-7 to 1e-14 on three of four
   replicas over ten steps, never on a majority within five (the drifting-tail rule), and the replica that sent four,
@@ -111,7 +120,8 @@ UNIFORM = math.log(KAPPA) + 1.0 - KAPPA
 UNIFORM_MEDIAN = math.log(KAPPA) + (1.0 - KAPPA) * math.log(2.0)  # ... and its median (-2.34)
 GUARD_SHARE = 0.5  # a peer "stands out too" above this share of the threshold (at it: one quiet message)
 TAIL_P = 1e-4  # a stage most of whose replicas sent a message this far out lately drifts (`weigh_step`)
-PEER_HORIZON = 10  # steps over which a message's peers' rate of messages as far out is measured (`weigh_step`)
+PEER_HORIZON = 30  # steps over which a message's peers' rate of messages as far out is measured (`weigh_step`)
+OWN_HORIZON = 10  # ... and the worker's own rate (its current one: an attacker's honest past does not dilute it)
 PEER_EVENTS = 2  # ... counted for a peer that sent at least this many (one far-out message is not yet a rate)
 ANOMALOUS = 0.01  # a message with p below this taints the rest of its microbatch's path (this step)
 
@@ -231,20 +241,24 @@ class SequentialEvidence:
         included), each peer's share of its own messages (0 for a peer with fewer than PEER_EVENTS of them), the m-th
         largest of them with m = max(1, peers // 2): at most m - 1 of an attacker's peers are attackers too while a
         strict majority of the stage is honest, so colluders cannot vouch for each other; own is the worker's own
-        share. `cache` keeps each stage's sorted p-values for the rest of the step."""
+        share over the last OWN_HORIZON steps. "As far out" means at p or below, or at TAIL_P or below for a message
+        beyond TAIL_P: the windows' tail is calibrated to about 1e-5, beyond which a p-value says far out, not how
+        far. `cache` keeps each stage's sorted p-values for the rest of the step."""
         ordered = cache.get(key)
         if ordered is None:  # live replica -> its p-values over the horizon, sorted
             ordered = cache[key] = {
                 w: sorted(x for past in self._sent for x in past.get(key, {}).get(w, ())) for w in live.get(key[0], ())
             }
+        q = max(p, TAIL_P)
         peers = [w for w in ordered if w != worker]
         m = max(1, len(peers) // 2)
-        counts = ((bisect.bisect_right(ordered[w], p), len(ordered[w])) for w in peers if ordered[w])
+        counts = ((bisect.bisect_right(ordered[w], q), len(ordered[w])) for w in peers if ordered[w])
         shares = sorted((k / n if k >= PEER_EVENTS else 0.0 for k, n in counts), reverse=True)
         r = shares[m - 1] if len(shares) >= m else 0.0
-        if r == 0.0 or not ordered.get(worker):
+        mine = [x for past in list(self._sent)[-OWN_HORIZON:] for x in past.get(key, {}).get(worker, ())]
+        if r == 0.0 or not mine:
             return r
-        own = bisect.bisect_right(ordered[worker], p) / len(ordered[worker])  # > 0: this message is in it
+        own = sum(x <= q for x in mine) / len(mine)  # > 0: this message is in it
         return r * min(1.0, r / own)
 
     def _top(self, key: tuple[str, int]) -> float:

@@ -347,3 +347,47 @@ def test_sequential_test_can_be_turned_off():
     strong = Verdict({}, False, pvalue=1e-12)
     r.end_step(0, [(_msg(0, m, 1, "s1r0"), strong) for m in range(4)])
     assert r.evidence is None and not mesh.drain()
+
+
+def _stage_run(own: dict[int, list[float]], steps: int) -> Responder:
+    """A 4-replica stage over `steps` steps: s1r1 and s1r2 each send a far-out message twice in the first 25 steps
+    (p ~ 1e-6 to 1e-8: an honest stream with a heavy tail), every other message calm; s1r0 sends `own[step]`."""
+    far_peers = {3: ("s1r1", 1e-6), 9: ("s1r2", 1e-8), 17: ("s1r1", 1e-7), 22: ("s1r2", 1e-6)}
+    calm = Verdict({}, False, pvalue=0.5)
+    r = Responder(ResponseConfig(), MeshControl(WorkerTable(4, 4)))
+    for s in range(steps):
+        recs = []
+        for i, w in enumerate(["s1r1", "s1r2", "s1r3"]):
+            p = far_peers[s][1] if s in far_peers and far_peers[s][0] == w else 0.5
+            recs.append((_msg(s, i, 1, w), Verdict({}, False, pvalue=p) if p < 0.5 else calm))
+        for m, p in enumerate(own.get(s, [0.5])):
+            recs.append((_msg(s, 3 + m, 1, "s1r0"), Verdict({}, False, pvalue=p)))
+        r.end_step(s, recs)
+    return r
+
+
+def test_a_burst_no_further_out_than_the_calibrated_tail_of_its_peers_does_not_ban():
+    """Held-out text, 12 layers, 6 x 4 meshes, after the windows followed their streams' drift (`recent`): a replica's
+    stream sent three to five messages at p ~ 1e-4 to 1e-42 within a few steps while its peers sent such messages
+    every 10-30 steps. Beyond TAIL_P a p-value says far out, not how far: compared at TAIL_P, against the peers' rate
+    over PEER_HORIZON steps, the burst counts little. Far-out messages without any from the peers still ban."""
+    burst = {26: [1e-14], 27: [1e-42, 0.5], 28: [1e-9]}
+    r = _stage_run(burst, 30)
+    assert _bans(r.mesh) == [] and r.evidence.level["s1r0", 0] < r.evidence.threshold / 2
+    alone = Responder(ResponseConfig(), MeshControl(WorkerTable(4, 4)))
+    for s in range(30):
+        recs = [(_msg(s, i, 1, w), Verdict({}, False, pvalue=0.5)) for i, w in enumerate(["s1r1", "s1r2", "s1r3"])]
+        recs += [(_msg(s, 3 + m, 1, "s1r0"), Verdict({}, False, pvalue=p)) for m, p in enumerate(burst.get(s, [0.5]))]
+        alone.end_step(s, recs)
+    assert _bans(alone.mesh) == ["s1r0"]
+
+
+def test_an_attacker_with_an_honest_past_is_judged_by_its_current_rate():
+    """The worker's own share of far-out messages is taken over OWN_HORIZON steps: 25 honest steps do not dilute an
+    attacker whose every message is now far out, where its honest peers send such messages now and then. The cost of
+    the peers' rate: 6 steps here (two messages a step; one step where the peers' tail is light, as from step 0)."""
+    attack = {s: [1e-20, 1e-20] for s in range(25, 40)}
+    r = _stage_run(attack, 40)
+    assert _bans(r.mesh) == ["s1r0"] and r.banned["s1r0"] <= 25 + 6
+    r = _stage_run({s: [1e-20, 1e-20] for s in range(0, 15)}, 15)
+    assert r.banned["s1r0"] <= 1
