@@ -57,9 +57,11 @@ the guards. On a uniform honest stream of 100,000 messages the statistic peaked 
   bursts: in 12-layer models' training phases (held-out Python source and BPE copyright text, C headers, 6 x 4
   meshes) a replica's stream sent three to five messages at p ~ 1e-4 to 1e-42 within 3-7 steps while its peers
   sent such messages every 10-30 steps (p ~ 1e-5 to 1e-37), each compared at its own p and over 10 steps: no rate.
-  Replayed over the recorded evidence of 15 honest 80-150-step runs and 41 attacked ones (`rec.py`-style
-  recordings, issue-18 note, stop 34): honest bans 7 -> 0, every attacker's ban step the same but one (9 -> 8);
-  the own share over 10 steps rather than 30, so an attacker's honest past does not dilute its current rate.
+  Replayed over the recorded evidence of 12 honest 80-150-step runs and 48 attacked ones (issue-18 note, stop 34):
+  honest bans 9 -> 0 (4 in the honest runs, 5 before the attack began in late-attack runs); the 116 attackers whose
+  attack began at step 10 banned at the same steps; of 40 whose attack began in a drifting phase (step 45 of 80),
+  one a step sooner and 3 not yet by the step their recorded run banned them. The own share is taken over 10 steps
+  rather than 30, so an attacker's honest past does not dilute its current rate.
   Honest far-out messages come in waves that reach a stage's replicas one by one: on held-out text (C headers,
   byte-level, 12 layers, a 6 x 4 mesh) a stage's gradients sent messages at p ~ 1e-7 to 1e-14 on three of four
   replicas over ten steps, never on a majority within five (the drifting-tail rule), and the replica that sent four,
