@@ -148,6 +148,24 @@ def all_distances(
 
 
 @numba.njit(cache=True, nogil=True, fastmath=True)
+def sampled_means(y, r, start, stride):  # pragma: no cover - compiled
+    """(per-feature means of y and of r over rows start, start + stride, ..., the number of those rows): float64."""
+    n, C = y.shape
+    my = np.zeros(C)
+    mr = np.zeros(C)
+    m = 0
+    for i in range(start, n, stride):
+        m += 1
+        for c in range(C):
+            my[c] += y[i, c]
+            mr[c] += r[i, c]
+    for c in range(C):
+        my[c] /= m
+        mr[c] /= m
+    return my, mr, m
+
+
+@numba.njit(cache=True, nogil=True, fastmath=True)
 def relation(y, r, start, stride, out):  # pragma: no cover - compiled
     """How a stage's output tokens relate to its input tokens, token by token (see `tokens.py`).
 
@@ -163,17 +181,7 @@ def relation(y, r, start, stride, out):  # pragma: no cover - compiled
     `fastmath` (reassociated sums) is fine: nothing here needs to match another computation bit for bit.
     """
     n, C = y.shape
-    my = np.zeros(C)
-    mr = np.zeros(C)
-    m = 0
-    for i in range(start, n, stride):
-        m += 1
-        for c in range(C):
-            my[c] += y[i, c]
-            mr[c] += r[i, c]
-    for c in range(C):
-        my[c] /= m
-        mr[c] /= m
+    my, mr, m = sampled_means(y, r, start, stride)
     total = 0.0
     low = 1.0
     count = 0
@@ -236,16 +244,7 @@ def match(y, r, start, stride, floor, typical):  # pragma: no cover - compiled
     log(max(1 - cos(y_i, r_i), floor)) - log(max(1 - max_j cos(y_i, r_j), floor)), 0.0 with fewer than two rows.
     `fastmath` vectorises the dot products; nothing here needs to match another computation bit for bit."""
     n, C = y.shape
-    m = (n - start + stride - 1) // stride
-    my = np.zeros(C)
-    mr = np.zeros(C)
-    for i in range(start, n, stride):
-        for c in range(C):
-            my[c] += y[i, c]
-            mr[c] += r[i, c]
-    for c in range(C):
-        my[c] /= m
-        mr[c] /= m
+    my, mr, m = sampled_means(y, r, start, stride)
     yn = np.empty((m, C), dtype=np.float32)
     rn = np.empty((m, C), dtype=np.float32)
     received = np.empty(m)  # |r_i|^2 as received (not centred), of the rows kept
