@@ -108,6 +108,7 @@ from __future__ import annotations
 
 import bisect
 import collections
+import itertools
 import math
 import statistics
 from collections.abc import Iterable, Mapping
@@ -257,8 +258,11 @@ class SequentialEvidence:
         counts = ((bisect.bisect_right(ordered[w], q), len(ordered[w])) for w in peers if ordered[w])
         shares = sorted((k / n if k >= PEER_EVENTS else 0.0 for k, n in counts), reverse=True)
         r = shares[m - 1] if len(shares) >= m else 0.0
-        mine = [x for past in list(self._sent)[-OWN_HORIZON:] for x in past.get(key, {}).get(worker, ())]
-        if r == 0.0 or not mine:
+        if r == 0.0:
+            return r
+        recent = itertools.islice(self._sent, max(0, len(self._sent) - OWN_HORIZON), None)
+        mine = [x for past in recent for x in past.get(key, {}).get(worker, ())]
+        if not mine:
             return r
         own = sum(x <= q for x in mine) / len(mine)  # > 0: this message is in it
         return r * min(1.0, r / own)
