@@ -289,6 +289,65 @@ def match(y, r, start, stride, floor, typical):  # pragma: no cover - compiled
     return best
 
 
+@numba.njit(cache=True, nogil=True, fastmath=True)
+def local_match(y, r, reach, floor, typical):  # pragma: no cover - compiled
+    """`match` over every row of y, r (N, C) float32 with the candidates j restricted to the rows at most `reach`
+    positions away (|j - i| <= reach, j != i): both centred by their own per-feature mean over all rows, rows of zero
+    centred norm left out, candidates among the rows that received at most `typical` x the median |r|^2 (as sent).
+    N (2 reach) C work: every output token is compared with its neighbours' inputs, where a copied token comes from
+    (`tokens.relation`); 0.0 with fewer than two rows."""
+    n, C = y.shape
+    my, mr, _ = sampled_means(y, r, 0, 1)
+    yn = np.empty((n, C), dtype=np.float32)
+    rn = np.empty((n, C), dtype=np.float32)
+    received = np.empty(n)  # |r_i|^2 as received (not centred), by row
+    kept_sq = np.empty(n)  # the same of the rows kept, for their median
+    kept = np.zeros(n, dtype=np.bool_)
+    k = 0
+    for i in range(n):
+        ny = 0.0
+        nr = 0.0
+        sr = 0.0
+        for c in range(C):
+            a = np.float64(y[i, c]) - my[c]
+            b = np.float64(r[i, c]) - mr[c]
+            ny += a * a
+            nr += b * b
+            sr += np.float64(r[i, c]) * np.float64(r[i, c])
+        received[i] = sr
+        if ny > 0.0 and nr > 0.0:
+            kept[i] = True
+            kept_sq[k] = sr
+            inv_y = 1.0 / np.sqrt(ny)
+            inv_r = 1.0 / np.sqrt(nr)
+            for c in range(C):
+                yn[i, c] = np.float32((np.float64(y[i, c]) - my[c]) * inv_y)
+                rn[i, c] = np.float32((np.float64(r[i, c]) - mr[c]) * inv_r)
+            k += 1
+    if k < 2:
+        return 0.0
+    limit = typical * np.median(kept_sq[:k]) if typical > 0.0 else np.inf
+    best = -np.inf
+    for i in range(n):
+        if not kept[i]:
+            continue
+        own = np.float32(0.0)
+        for c in range(C):
+            own += yn[i, c] * rn[i, c]
+        other = np.float32(-2.0)
+        for j in range(max(0, i - reach), min(n, i + reach + 1)):
+            if j != i and kept[j] and received[j] <= limit:
+                d = np.float32(0.0)
+                for c in range(C):
+                    d += yn[i, c] * rn[j, c]
+                if d > other:
+                    other = d
+        gap = np.log(max(1.0 - np.float64(own), floor)) - np.log(max(1.0 - np.float64(other), floor))
+        if gap > best:
+            best = gap
+    return best
+
+
 @numba.njit(cache=True, nogil=True)
 def window_insert(rows, count, old, new, full):  # pragma: no cover - compiled
     """Sliding windows kept sorted: in each row of `rows` (D, W), whose first `count` entries are sorted,

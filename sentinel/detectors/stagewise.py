@@ -147,8 +147,9 @@ class Sentinel(Detector):
         max_tokens: int | None = spec(
             128,
             ge=8,
-            help="tokens the higher moments and slices use (every s-th from a "
-            "random offset); null: all. The pooled mean always uses all",
+            help="tokens the higher moments, slices and match's pairs use (every s-th from a "
+            "random offset); null: all. The pooled mean, align, align_tail and the gains always use all, and match "
+            "also compares every token with its neighbours",
         )
         window: int = spec(
             200,

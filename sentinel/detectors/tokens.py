@@ -30,8 +30,9 @@ gradients of both, <= 1.1 on activations), so gain_low sees tokens shrunk (x 0.0
 counts as 1e-30: gain_low ~ 69 + log |r_i|). Neither is judged on the first stage (its input is token ids, with no
 magnitude to compare).
 
-    match        max_i log[(1 - cos(y_i, r_i)) / (1 - max_j cos(y_i, r_j))]   (over the sampled tokens, both centred;
-                 j != i over the tokens that received a typical magnitude; each 1 - cos floored at MATCH_FLOOR)
+    match        max_i log[(1 - cos(y_i, r_i)) / (1 - max_j cos(y_i, r_j))]   (both centred; j != i over the tokens
+                 that received a typical magnitude; each 1 - cos floored at MATCH_FLOOR; i and j over the sampled
+                 tokens, and on a message longer than the sample also i over every token, j over its neighbours)
 
 `align_tail` asks whether output token i points where its own input does; `match` asks whether some *other* input
 token explains it better. On text a deep stage's neighbouring tokens are alike, so a token overwritten by its
@@ -52,7 +53,13 @@ there). Two honest exceptions shaped the definition:
   gradients, cascading once a flagged microbatch was dropped); with typical inputs only, 0.41% (issue-18 note, stop
   33).
 Not on the first stage (no input vectors) nor the last stage's gradients (none received). m^2 C multiply-adds per
-message, m the sampled tokens (`max_tokens`), at most MATCH_TOKENS of them (with `max_tokens: null`, every k-th).
+message, m the sampled tokens (`max_tokens`), at most MATCH_TOKENS of them (with `max_tokens: null`, every k-th); on a
+message of N tokens that leaves some out, also N 2 MATCH_REACH C: every token against the inputs of its MATCH_REACH
+(4) neighbours on each side (`kernels.local_match`), where a copied token most often comes from. A copy's token and
+its source both had to be in the sample before: a quarter of the 256-token messages of a BPE model (8 layers x 64,
+a 4 x 4 mesh) under the default `max_tokens`, and a one-token copy from up to three positions back took 11.8 steps to
+ban on average (seeds 31-38; 4.5-17.5, one attacker never banned); with every token in view, 3.0 (2.0-5.5), and three
+random tokens 8.6 -> 3.8 (issue-18 note, stop 35).
 
 For `align`, y is the message and r what its sender received for the same microbatch
 (`DetectorEnv.sender_inputs`): the input activation of a forward message, the gradient it received for
@@ -62,10 +69,10 @@ output points, after removing the message's mean token, roughly where token i of
 0.95-0.98 on the built-in model, per stream steady to +-0.01). Any permutation of tokens (sequence,
 batch, a sequence or a microbatch exchanged), any replacement (random, constant, stale, another
 microbatch's output) and any sign change breaks that token-wise match; `align_tail` sees a few tokens
-tampered among many (a single flipped token takes the minimum from ~0.8 to ~-0.9). The relation reads the
-tokens the signature's moments sample (`max_tokens`, every s-th from a per-message offset the sender cannot
-predict; all of them up to 128 tokens): on larger messages a k-token edit is in the sample with probability
-~k / s per message, and the sequential evidence of the response policy adds the messages up. Not covered: the
+tampered among many (a single flipped token takes the minimum from ~0.8 to ~-0.9). align, align_tail and the gains
+read every token of the message (N C work, as the pooled mean): a k-token edit is always in view, however long the
+message (when they read the tokens the moments sample, every s-th, an edit was in view with probability ~k / s per
+message, and the honest messages between drained the sequential evidence). Not covered: the
 first stage's activations (its input is token ids) and the last stage's gradients (it receives no
 gradient), and a sender that computes a different residual update F' of the same size (a semantic attack
 only recomputation catches: `duplication`, `toploc`).
@@ -92,6 +99,7 @@ RELATION = ("align", "align_tail", *GAIN_STATS, "match")  # what `relation` writ
 RELATION_STATS = frozenset(RELATION)  # NaN where the sender's input is not available
 MATCH_FLOOR = 1e-4  # `match`: a cosine within this of 1 is as good as equal
 MATCH_TOKENS = 256  # `match` compares every pair of at most this many tokens (the default `max_tokens` is 128)
+MATCH_REACH = 4  # ... and, on longer messages, every token with the inputs of this many neighbours on each side
 
 
 def token_norm(norms: np.ndarray) -> float:
@@ -117,19 +125,25 @@ def relation(
     offset: int = 0,
 ) -> bool:
     """Writes (align, align_tail[, gain_low, gain_high[, match]]) of `payload` against `reference` to `out` (2, 4 or
-    5 entries); False (out untouched) when there is no comparable reference (none, token ids, another shape). Over
-    every s-th token from `offset` (s = ceil(N / max_tokens), the tokens the signature's moments sample), or all."""
+    5 entries); False (out untouched) when there is no comparable reference (none, token ids, another shape).
+    align, align_tail and the gains read every token (N C work); match compares every pair of the tokens the
+    signature's moments sample (every s-th from `offset`, s = ceil(N / max_tokens); at most MATCH_TOKENS of them) and,
+    when that leaves tokens out, also every token with its MATCH_REACH neighbours on each side (`local_match`)."""
     if reference is None or not torch.is_floating_point(reference) or reference.shape != payload.shape:
         return False
     from sentinel.detectors import kernels
 
     y, r = _tokens(payload), _tokens(reference)
     n = y.shape[0]
-    stride = 1 if max_tokens is None or n <= max_tokens else -(-n // max_tokens)
-    kernels.relation(y, r, offset % stride, stride, out)
+    kernels.relation(y, r, 0, 1, out)
     if out.shape[0] > 4:  # m^2 C work: at most MATCH_TOKENS of the sampled tokens (every k-th of them)
+        stride = 1 if max_tokens is None or n <= max_tokens else -(-n // max_tokens)
         m = len(range(offset % stride, n, stride))
-        out[4] = match(y, r, offset % stride, stride * -(-m // MATCH_TOKENS))
+        stride *= -(-m // MATCH_TOKENS)
+        out[4] = match(y, r, offset % stride, stride)
+        if stride > 1:  # tokens left out of the pairs: each one against its neighbours (N 2 MATCH_REACH C work)
+            reach = kernels.local_match(y, r, MATCH_REACH, MATCH_FLOOR, kernels.TYPICAL_RECEIVED)
+            out[4] = max(out[4], reach)
     return True
 
 
