@@ -295,14 +295,14 @@ def local_match(y, r, reach, floor, typical):  # pragma: no cover - compiled
     positions away (|j - i| <= reach, j != i): both centred by their own per-feature mean over all rows, rows of zero
     centred norm left out, candidates among the rows that received at most `typical` x the median |r|^2 (as sent).
     N (2 reach) C work: every output token is compared with its neighbours' inputs, where a copied token comes from
-    (`tokens.relation`); 0.0 with fewer than two rows."""
+    (`tokens.relation`); 0.0 with fewer than two rows. The unit input rows live in a ring of 2 reach + 1 rows (a
+    normalised copy of the whole message cost 16 of 23 ms at 4096 x 1024 in allocation alone)."""
     n, C = y.shape
     my, mr, _ = sampled_means(y, r, 0, 1)
-    yn = np.empty((n, C), dtype=np.float32)
-    rn = np.empty((n, C), dtype=np.float32)
+    inv_y = np.zeros(n)  # 1 / centred norm of each row (0: left out)
+    inv_r = np.zeros(n)
     received = np.empty(n)  # |r_i|^2 as received (not centred), by row
     kept_sq = np.empty(n)  # the same of the rows kept, for their median
-    kept = np.zeros(n, dtype=np.bool_)
     k = 0
     for i in range(n):
         ny = 0.0
@@ -316,30 +316,37 @@ def local_match(y, r, reach, floor, typical):  # pragma: no cover - compiled
             sr += np.float64(r[i, c]) * np.float64(r[i, c])
         received[i] = sr
         if ny > 0.0 and nr > 0.0:
-            kept[i] = True
+            inv_y[i] = 1.0 / np.sqrt(ny)
+            inv_r[i] = 1.0 / np.sqrt(nr)
             kept_sq[k] = sr
-            inv_y = 1.0 / np.sqrt(ny)
-            inv_r = 1.0 / np.sqrt(nr)
-            for c in range(C):
-                yn[i, c] = np.float32((np.float64(y[i, c]) - my[c]) * inv_y)
-                rn[i, c] = np.float32((np.float64(r[i, c]) - mr[c]) * inv_r)
             k += 1
     if k < 2:
         return 0.0
     limit = typical * np.median(kept_sq[:k]) if typical > 0.0 else np.inf
+    W = 2 * reach + 1
+    rn = np.empty((W, C), dtype=np.float32)  # unit centred input rows j - reach .. j + reach, row j at j % W
+    yn = np.empty(C, dtype=np.float32)
+    filled = 0  # rows below this are in the ring (or were)
     best = -np.inf
     for i in range(n):
-        if not kept[i]:
+        while filled < n and filled <= i + reach:
+            if inv_r[filled] > 0.0:
+                for c in range(C):
+                    rn[filled % W, c] = np.float32((np.float64(r[filled, c]) - mr[c]) * inv_r[filled])
+            filled += 1
+        if inv_y[i] == 0.0:
             continue
+        for c in range(C):
+            yn[c] = np.float32((np.float64(y[i, c]) - my[c]) * inv_y[i])
         own = np.float32(0.0)
         for c in range(C):
-            own += yn[i, c] * rn[i, c]
+            own += yn[c] * rn[i % W, c]
         other = np.float32(-2.0)
         for j in range(max(0, i - reach), min(n, i + reach + 1)):
-            if j != i and kept[j] and received[j] <= limit:
+            if j != i and inv_y[j] > 0.0 and received[j] <= limit:
                 d = np.float32(0.0)
                 for c in range(C):
-                    d += yn[i, c] * rn[j, c]
+                    d += yn[c] * rn[j % W, c]
                 if d > other:
                     other = d
         gap = np.log(max(1.0 - np.float64(own), floor)) - np.log(max(1.0 - np.float64(other), floor))
