@@ -170,8 +170,8 @@ def relation(y, r, start, stride, out):  # pragma: no cover - compiled
     """How a stage's output tokens relate to its input tokens, token by token (see `tokens.py`).
 
     y, r (N, C) float32: the message's tokens and the sender's input tokens, row i of both being the same
-    token (sequence position of the same sequence); rows start, start + stride, ... are used (the tokens the
-    signature's moments sample). Both are centred by their own per-feature mean over those rows; for every
+    token (sequence position of the same sequence); rows start, start + stride, ... are used (`tokens.relation`
+    passes 0, 1: every token). Both are centred by their own per-feature mean over those rows; for every
     such token with non-zero centred vectors, cos_i = <y_i, r_i> / (|y_i| |r_i|). Writes out[0] = 1 - mean_i
     cos_i and out[1] = 1 - min_i cos_i (both 1 when no token qualifies: a constant message) and, when `out` has
     four entries, out[2] = max_i (m - g_i) and out[3] = max_i (g_i - m), g_i = log(|y_i| / |r_i|) the token's gain on

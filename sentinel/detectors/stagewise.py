@@ -148,8 +148,8 @@ class Sentinel(Detector):
             128,
             ge=8,
             help="tokens the higher moments, slices and match's pairs use (every s-th from a "
-            "random offset); null: all. The pooled mean, align, align_tail and the gains always use all, and match "
-            "also compares every token with its neighbours",
+            "random offset); null: all. The pooled mean always uses all, and past the first stage so do align, "
+            "align_tail and the gains, and match also compares every token with its neighbours",
         )
         window: int = spec(
             200,

@@ -202,6 +202,12 @@ def test_a_token_copied_from_a_neighbour_outside_the_sample_moves_the_match(seed
     relation(y, r, honest, max_tokens=64, offset=0)  # rows 0, 4, 8, ...: neither the copy nor its source
     relation(t, r, bad, max_tokens=64, offset=0)
     assert honest[4] < 0.5 and bad[4] > 1.5
+    far = y.clone()
+    far[1, 40] = y[1, 20]  # flat rows 104 and 84, both in the sample, 20 positions apart: the pairs see it
+    relation(far, r, bad, max_tokens=64, offset=0)
+    pairs = reference_match(far.reshape(-1, 32)[::4].numpy(), r.reshape(-1, 32)[::4].numpy())
+    local = reference_local_match(far.numpy(), r.numpy(), MATCH_REACH)
+    assert pairs > local + 1.0 and bad[4] == pytest.approx(pairs, abs=1e-4)
 
 
 def reference_gains(y: np.ndarray, r: np.ndarray) -> tuple[float, float]:
