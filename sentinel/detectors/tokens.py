@@ -70,11 +70,10 @@ output points, after removing the message's mean token, roughly where token i of
 batch, a sequence or a microbatch exchanged), any replacement (random, constant, stale, another
 microbatch's output) and any sign change breaks that token-wise match; `align_tail` sees a few tokens
 tampered among many (a single flipped token takes the minimum from ~0.8 to ~-0.9). align, align_tail and the gains
-read every token of the message (N C work, as the pooled mean; on the first stage, below, the sampled tokens): a
-k-token edit is always in view, however long the
-message (when they read the tokens the moments sample, every s-th, an edit was in view with probability ~k / s per
-message, and the honest messages between drained the sequential evidence). Not covered: the
-first stage's activations (its input is token ids) and the last stage's gradients (it receives no
+read every token of the message (linear in it, as the pooled mean; on the first stage, below, the sampled tokens): a
+k-token edit is always in view, however long the message (when they read the tokens the moments sample, every s-th,
+an edit was in view with probability ~k / s per message, and the honest messages between drained the sequential
+evidence). Not covered: the first stage's activations (its input is token ids) and the last stage's gradients (it receives no
 gradient), and a sender that computes a different residual update F' of the same size (a semantic attack
 only recomputation catches: `duplication`, `toploc`).
 
