@@ -235,6 +235,29 @@ def relation(y, r, start, stride, out):  # pragma: no cover - compiled
         out[3] = high
 
 
+@numba.njit(cache=True, nogil=True, fastmath=True, inline="always")
+def row_norms(y, r, i, my, mr):  # pragma: no cover - compiled
+    """(|y_i - my|^2, |r_i - mr|^2, |r_i|^2) of row i, in float64: the centred norms `match` and `local_match` scale
+    by, and what the row received as sent."""
+    ny = 0.0
+    nr = 0.0
+    sr = 0.0
+    for c in range(y.shape[1]):
+        a = np.float64(y[i, c]) - my[c]
+        b = np.float64(r[i, c]) - mr[c]
+        ny += a * a
+        nr += b * b
+        sr += np.float64(r[i, c]) * np.float64(r[i, c])
+    return ny, nr, sr
+
+
+@numba.njit(cache=True, nogil=True, inline="always")
+def match_gap(own, other, floor):  # pragma: no cover - compiled
+    """log(max(1 - own, floor)) - log(max(1 - other, floor)): how many times better the best other input explains a
+    token than its own (`tokens.match`)."""
+    return np.log(max(1.0 - np.float64(own), floor)) - np.log(max(1.0 - np.float64(other), floor))
+
+
 @numba.njit(cache=True, nogil=True, fastmath=True)
 def match(y, r, start, stride, floor, typical):  # pragma: no cover - compiled
     """`tokens.match` on rows start, start + stride, ... of y, r (N, C) float32: both centred by their own per-feature
@@ -250,15 +273,7 @@ def match(y, r, start, stride, floor, typical):  # pragma: no cover - compiled
     received = np.empty(m)  # |r_i|^2 as received (not centred), of the rows kept
     k = 0
     for i in range(start, n, stride):
-        ny = 0.0
-        nr = 0.0
-        sr = 0.0
-        for c in range(C):
-            a = np.float64(y[i, c]) - my[c]
-            b = np.float64(r[i, c]) - mr[c]
-            ny += a * a
-            nr += b * b
-            sr += np.float64(r[i, c]) * np.float64(r[i, c])
+        ny, nr, sr = row_norms(y, r, i, my, mr)
         if ny > 0.0 and nr > 0.0:
             received[k] = sr
             inv_y = 1.0 / np.sqrt(ny)
@@ -283,7 +298,7 @@ def match(y, r, start, stride, floor, typical):  # pragma: no cover - compiled
                     d += yn[i, c] * rn[j, c]
                 if d > other:
                     other = d
-        gap = np.log(max(1.0 - np.float64(own), floor)) - np.log(max(1.0 - np.float64(other), floor))
+        gap = match_gap(own, other, floor)
         if gap > best:
             best = gap
     return best
@@ -305,15 +320,7 @@ def local_match(y, r, reach, floor, typical):  # pragma: no cover - compiled
     kept_sq = np.empty(n)  # the same of the rows kept, for their median
     k = 0
     for i in range(n):
-        ny = 0.0
-        nr = 0.0
-        sr = 0.0
-        for c in range(C):
-            a = np.float64(y[i, c]) - my[c]
-            b = np.float64(r[i, c]) - mr[c]
-            ny += a * a
-            nr += b * b
-            sr += np.float64(r[i, c]) * np.float64(r[i, c])
+        ny, nr, sr = row_norms(y, r, i, my, mr)
         received[i] = sr
         if ny > 0.0 and nr > 0.0:
             inv_y[i] = 1.0 / np.sqrt(ny)
@@ -349,7 +356,7 @@ def local_match(y, r, reach, floor, typical):  # pragma: no cover - compiled
                     d += yn[c] * rn[j % W, c]
                 if d > other:
                     other = d
-        gap = np.log(max(1.0 - np.float64(own), floor)) - np.log(max(1.0 - np.float64(other), floor))
+        gap = match_gap(own, other, floor)
         if gap > best:
             best = gap
     return best

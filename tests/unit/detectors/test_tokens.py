@@ -98,7 +98,9 @@ def test_a_single_flipped_token_moves_the_tail():
     assert honest[1] < 0.5 and bad[1] > 1.5  # but takes the minimum cosine to ~-1
 
 
-def reference_match(y: np.ndarray, r: np.ndarray) -> float:
+def reference_match(y: np.ndarray, r: np.ndarray, reach: int | None = None) -> float:
+    """`tokens.match` in float64 over every token; with `reach`, each output token only against the inputs at most
+    `reach` positions away (`kernels.local_match`)."""
     y, r = y.reshape(-1, y.shape[-1]).astype(np.float64), r.reshape(-1, r.shape[-1]).astype(np.float64)
     yc, rc = y - y.mean(0), r - r.mean(0)
     ny, nr = np.linalg.norm(yc, axis=1), np.linalg.norm(rc, axis=1)
@@ -108,26 +110,10 @@ def reference_match(y: np.ndarray, r: np.ndarray) -> float:
     cos = (yc[ok] / ny[ok, None]) @ (rc[ok] / nr[ok, None]).T
     own = np.diag(cos).copy()
     np.fill_diagonal(cos, -np.inf)
+    if reach is not None:
+        idx = np.flatnonzero(ok)
+        cos[np.abs(idx[:, None] - idx[None, :]) > reach] = -np.inf
     received = (r[ok] ** 2).sum(1)  # only inputs of a typical magnitude explain another token (as gain_high)
-    cos[:, received > kernels.TYPICAL_RECEIVED * np.median(received)] = -np.inf
-    gap = np.log(np.maximum(1 - own, MATCH_FLOOR)) - np.log(np.maximum(1 - np.maximum(cos.max(1), -2), MATCH_FLOOR))
-    return float(gap.max())
-
-
-def reference_local_match(y: np.ndarray, r: np.ndarray, reach: int) -> float:
-    """`reference_match` over every token, each output token against the inputs at most `reach` positions away."""
-    y, r = y.reshape(-1, y.shape[-1]).astype(np.float64), r.reshape(-1, r.shape[-1]).astype(np.float64)
-    yc, rc = y - y.mean(0), r - r.mean(0)
-    ny, nr = np.linalg.norm(yc, axis=1), np.linalg.norm(rc, axis=1)
-    ok = (ny > 0) & (nr > 0)
-    if ok.sum() < 2:
-        return 0.0
-    idx = np.flatnonzero(ok)
-    cos = (yc[ok] / ny[ok, None]) @ (rc[ok] / nr[ok, None]).T
-    own = np.diag(cos).copy()
-    far = np.abs(idx[:, None] - idx[None, :]) > reach
-    cos[far | np.eye(len(idx), dtype=bool)] = -np.inf
-    received = (r[ok] ** 2).sum(1)
     cos[:, received > kernels.TYPICAL_RECEIVED * np.median(received)] = -np.inf
     gap = np.log(np.maximum(1 - own, MATCH_FLOOR)) - np.log(np.maximum(1 - np.maximum(cos.max(1), -2), MATCH_FLOOR))
     return float(gap.max())
@@ -156,7 +142,7 @@ def test_match_kernel_is_the_numpy_definition(seed):
     out = np.empty(5)
     assert relation(y, r, out, max_tokens=32, offset=6)  # 128 tokens: every pair of every 4th from 2, and each
     want = reference_match(y.reshape(-1, 32)[2::4].numpy(), r.reshape(-1, 32)[2::4].numpy())  # token's neighbours
-    local = reference_local_match(y.numpy(), r.numpy(), MATCH_REACH)
+    local = reference_match(y.numpy(), r.numpy(), MATCH_REACH)
     assert kernels.local_match(
         y.view(-1, 32).numpy(), r.view(-1, 32).numpy(), MATCH_REACH, MATCH_FLOOR, kernels.TYPICAL_RECEIVED
     ) == pytest.approx(local, abs=1e-4)
@@ -167,7 +153,7 @@ def test_match_kernel_is_the_numpy_definition(seed):
     big_y, big_r = smooth_pair(seed, shape=(8, 128, 32))  # 1024 tokens, all sampled: pairs of every 4th (256)
     assert relation(big_y, big_r, out)
     want = reference_match(big_y.reshape(-1, 32)[::4].numpy(), big_r.reshape(-1, 32)[::4].numpy())
-    local = reference_local_match(big_y.numpy(), big_r.numpy(), MATCH_REACH)
+    local = reference_match(big_y.numpy(), big_r.numpy(), MATCH_REACH)
     assert out[4] == pytest.approx(max(want, local), abs=1e-4)
 
 
@@ -206,7 +192,7 @@ def test_a_token_copied_from_a_neighbour_outside_the_sample_moves_the_match(seed
     far[1, 40] = y[1, 20]  # flat rows 104 and 84, both in the sample, 20 positions apart: the pairs see it
     relation(far, r, bad, max_tokens=64, offset=0)
     pairs = reference_match(far.reshape(-1, 32)[::4].numpy(), r.reshape(-1, 32)[::4].numpy())
-    local = reference_local_match(far.numpy(), r.numpy(), MATCH_REACH)
+    local = reference_match(far.numpy(), r.numpy(), MATCH_REACH)
     assert pairs > local + 1.0 and bad[4] == pytest.approx(pairs, abs=1e-4)
 
 
