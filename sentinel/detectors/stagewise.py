@@ -66,6 +66,7 @@ from sentinel.detectors.tokens import (
     RELATION,
     RELATION_STATS,
     IdRelation,
+    has_reference,
     is_token_ids,
     reference_of,
     relation,
@@ -332,7 +333,7 @@ class Sentinel(Detector):
     def _first(self, st: Stream, sig: np.ndarray, lay, msg: Message, offset: int) -> Verdict:
         """The stream's first message: fix which statistics it can compute, and learn."""
         ref = reference_of(self.env, msg)
-        has_ref = relation(msg.payload, ref, self._rel)
+        has_ref = has_reference(msg.payload, ref)
         self._ids_now = None
         skip = self.config.gradient_skip if msg.role == Role.GRADIENT else ()
         if is_token_ids(ref, msg.payload):  # the first stage: the relation is to its input token ids

@@ -117,6 +117,11 @@ def _tokens(x: torch.Tensor) -> np.ndarray:
     return np.ascontiguousarray(t.numpy().reshape(-1, x.shape[-1]))  # N, C
 
 
+def has_reference(payload: torch.Tensor, reference: torch.Tensor | None) -> bool:
+    """Whether `reference` is vectors `relation` can compare `payload` with: floating point, of the same shape."""
+    return reference is not None and torch.is_floating_point(reference) and reference.shape == payload.shape
+
+
 def relation(
     payload: torch.Tensor,
     reference: torch.Tensor | None,
@@ -129,7 +134,7 @@ def relation(
     align, align_tail and the gains read every token (N C work); match compares every pair of the tokens the
     signature's moments sample (every s-th from `offset`, s = ceil(N / max_tokens); at most MATCH_TOKENS of them) and,
     when that leaves tokens out, also every token with its MATCH_REACH neighbours on each side (`local_match`)."""
-    if reference is None or not torch.is_floating_point(reference) or reference.shape != payload.shape:
+    if not has_reference(payload, reference):
         return False
     from sentinel.detectors import kernels
 
