@@ -172,6 +172,27 @@ def signature(
     sig[L.skew] = skew
     sig[L.quant].reshape(-1, quant.shape[0])[...] = quant.T
     sig[L.sq_norm] = p @ p
+    if not np.isfinite(np.add.reduce(sig)) and np.isfinite(tokens).all():
+        return _rescaled(tokens, x.shape, proj, pooling, max_tokens, offset, token_clip, norms)
+    return sig
+
+
+def _rescaled(tokens, shape, proj, pooling, max_tokens, offset, token_clip, norms) -> np.ndarray:
+    """The signature of a finite payload whose float32 moments overflow (entries past ~1e12: cubes and squares
+    exceed float32): computed on the payload scaled by a power of two that brings its largest entry to [0.5, 1),
+    then scaled back in float64. A power of two scales float32 values exactly, so this is the signature the
+    float32 computation would give with an unbounded exponent; the skewness and the clipping ratios do not
+    depend on scale. Honest traffic can be this large (top-k compressed text traffic sent gradients of 1e14
+    per entry, issue-18 note, stop 36), so overflow must not read as a NaN / Inf payload (certain evidence)."""
+    _, e = np.frexp(np.abs(tokens).max())
+    scaled = torch.from_numpy(np.ldexp(tokens, -int(e)).astype(np.float32).reshape(shape))
+    sig = signature(scaled, proj, pooling, max_tokens, offset, token_clip, norms)
+    L = layout(tuple(shape), proj, pooling)
+    sig[L.pooled] = np.ldexp(sig[L.pooled], int(e))
+    sig[L.quant] = np.ldexp(sig[L.quant], int(e))
+    sig[L.sq_norm] = np.ldexp(sig[L.sq_norm], 2 * int(e))
+    if norms is not None:
+        norms[:] = np.ldexp(norms, 2 * int(e))
     return sig
 
 

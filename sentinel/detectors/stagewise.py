@@ -409,8 +409,9 @@ class Sentinel(Detector):
         st = self._stream(msg.boundary, msg.role)
         offset = self._offset(msg)
         sig, lay = self._signature(msg.payload, offset)
-        # NaN / Inf somewhere in the payload: never reaches any state. The float64 sum of a signature is finite
-        # exactly when every entry is (entries are float32 values or a float64 square norm: no overflow)
+        # NaN / Inf somewhere in the payload: never reaches any state. A signature is finite exactly when the payload
+        # is (`signature` recomputes a finite payload whose float32 moments overflow at a power-of-two scale), and
+        # its float64 sum exactly when every entry is (float32 values or a float64 square norm)
         if not np.isfinite(np.add.reduce(sig)):
             return Verdict({}, True, frozenset({Marker.INTEGRITY}))
         if st.replays is not None and st.replays.seen_before((tuple(msg.payload.shape), sig[:64].tobytes()), msg.step):

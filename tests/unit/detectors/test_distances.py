@@ -226,6 +226,26 @@ def test_signature_matches_its_definition(shape, offset):
     np.testing.assert_allclose(got, _reference_signature(x, proj, 128, offset), rtol=1e-4, atol=1e-5)
 
 
+@pytest.mark.parametrize("exponent", [40, 50, 66, 120])
+def test_signature_of_a_huge_finite_payload_is_finite_and_scales_exactly(proj, exponent):
+    """Entries past ~1e12 overflow float32 cubes (the skewness) and, past ~1e19, squares: such a payload is still
+    finite (honest top-k compressed gradients reached 1e14 per entry), so its signature must be too. Scaling by a
+    power of two is exact: the signature equals the small payload's with its scale-dependent parts scaled."""
+    x = _payload(3)
+    small = signature(x, proj, "token_mean", 16, 1, 10.0, n_small := np.empty(2)).copy()
+    big = signature(x * 2.0**exponent, proj, "token_mean", 16, 1, 10.0, n_big := np.empty(2))
+    L = layout(tuple(x.shape), proj, "token_mean")
+    assert np.isfinite(big).all()
+    np.testing.assert_array_equal(big[L.skew], small[L.skew])
+    np.testing.assert_array_equal(big[L.pooled], np.ldexp(small[L.pooled], exponent))
+    np.testing.assert_array_equal(big[L.quant], np.ldexp(small[L.quant], exponent))
+    assert big[L.sq_norm] == np.ldexp(small[L.sq_norm], 2 * exponent)
+    np.testing.assert_array_equal(n_big, np.ldexp(n_small, 2 * exponent))
+    bad = (x * 2.0**exponent).clone()
+    bad.view(-1)[7] = float("inf")
+    assert not np.isfinite(signature(bad, proj, "token_mean", 16, 1, 10.0)).all()  # a real Inf stays visible
+
+
 def test_projections_run_in_blocks_below_the_blas_threading_threshold():
     from sentinel.detectors.distances import BLAS_SINGLE_THREAD_MNK
 

@@ -125,6 +125,22 @@ def test_sentinel_flags_non_finite_payloads_itself():
     assert det._streams[(0, 1)].baseline.n == 0  # nothing learned from it
 
 
+def test_sentinel_judges_a_huge_finite_payload_instead_of_calling_it_corrupt():
+    """A finite payload whose float32 moments overflow is far out, not NaN / Inf: flagged by the statistics, never
+    certain evidence (which bans in two messages). Honest top-k compressed text traffic sent such gradients."""
+    from sentinel.detectors.stagewise import Sentinel
+
+    det = Sentinel(Sentinel.Config(warmup_steps=0, min_history=4), seed=0)
+    v = Verifier(det, payload_shape=SHAPE)
+    for step in range(60):  # past MIN_EVIDENCE accepted values: the verdict carries a p-value
+        v.observe(m(step, 0, 0, Role.GRADIENT))
+    huge = m(60, 0, 0, Role.GRADIENT)
+    huge.payload.mul_(1e15)
+    verdict = v.observe(huge)
+    assert verdict.flagged and not verdict.certain and Marker.INTEGRITY not in verdict.markers
+    assert verdict.pvalue is not None and verdict.pvalue < 1e-3
+
+
 def test_detector_view_is_read_only():
     from sentinel.detectors.stagewise import Sentinel
 
