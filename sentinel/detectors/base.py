@@ -36,6 +36,8 @@ class DetectorEnv:
             received for its microbatch (token ids or the activation delivered to it; for a backward message the
             gradient delivered to it), as the verifiers relayed it (so not ground truth). None where the backend
             offers none; the hook returns None for any message but the one being judged.
+        zeroed_roles: the roles (`Role`) whose codec can deliver a token as exactly zero although its sender computed
+            a non-zero one (`Codec.zeroes_tokens`: top-k, random masking): public, from the scenario's transport.
     """
 
     num_stages: int = 1
@@ -44,6 +46,7 @@ class DetectorEnv:
     live_replicas: Callable[[int], list[str]] | None = None
     substitutes: bool = True
     sender_inputs: Callable | None = None
+    zeroed_roles: frozenset = frozenset()
 
 
 class Detector:

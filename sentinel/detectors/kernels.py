@@ -166,7 +166,7 @@ def sampled_means(y, r, start, stride):  # pragma: no cover - compiled
 
 
 @numba.njit(cache=True, nogil=True, fastmath=True)
-def relation(y, r, start, stride, out):  # pragma: no cover - compiled
+def relation(y, r, start, stride, out, skip_zero=False):  # pragma: no cover - compiled
     """How a stage's output tokens relate to its input tokens, token by token (see `tokens.py`).
 
     y, r (N, C) float32: the message's tokens and the sender's input tokens, row i of both being the same
@@ -177,7 +177,8 @@ def relation(y, r, start, stride, out):  # pragma: no cover - compiled
     four entries, out[2] = max_i (m - g_i) and out[3] = max_i (g_i - m), g_i = log(|y_i| / |r_i|) the token's gain on
     the tokens as sent (not centred) and m the median gain, over the tokens with r_i != 0 (a zeroed token: g_i ~ -69;
     0 when none); out[3] only over the tokens that received a typical magnitude, |r_i|^2 <= TYPICAL_RECEIVED x the
-    median |r_j|^2 (see `tokens.py`). float64 sums;
+    median |r_j|^2 (see `tokens.py`). `skip_zero`: a token exactly zero in y or in r (a codec dropped it whole,
+    `DetectorEnv.zeroed_roles`) takes no part in any of them. float64 sums;
     `fastmath` (reassociated sums) is fine: nothing here needs to match another computation bit for bit.
     """
     n, C = y.shape
@@ -204,6 +205,8 @@ def relation(y, r, start, stride, out):  # pragma: no cover - compiled
             nr += b * b
             sy += yv * yv
             sr += rv * rv
+        if skip_zero and (sy == 0.0 or sr == 0.0):
+            continue
         if sr > 0.0:
             gains[m_gain] = 0.5 * (np.log(sy + 1e-60) - np.log(sr))
             received[m_gain] = sr

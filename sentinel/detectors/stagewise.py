@@ -307,8 +307,11 @@ class Sentinel(Detector):
     def _comparable(self, st: Stream, sig: np.ndarray) -> bool:
         return st.baseline.comparable(sig)
 
-    def _values(self, st: Stream, sig: np.ndarray, payload: torch.Tensor, reference, offset: int = 0) -> np.ndarray:
-        """The stream's statistics of one message, in `st.names` order (NaN: a relation with no reference)."""
+    def _values(
+        self, st: Stream, sig: np.ndarray, payload: torch.Tensor, reference, offset: int = 0, zeroed: bool = False
+    ) -> np.ndarray:
+        """The stream's statistics of one message, in `st.names` order (NaN: a relation with no reference). `zeroed`:
+        its codec may drop tokens whole (`DetectorEnv.zeroed_roles`): the relation leaves zero tokens out."""
         got = dict(zip(st.pooled, distances(sig, st.baseline.view(), st.pooled).tolist()))
         got["token_norm"] = token_norm(self._norms)
         self._ids_now = None
@@ -317,7 +320,7 @@ class Sentinel(Detector):
             ok = st.ids.judge(*self._ids_now, self._rel[:2])
             got["align"], got["align_tail"] = (float(v) for v in self._rel[:2]) if ok else (np.nan, np.nan)
         elif RELATION_STATS.intersection(st.names):
-            ok = relation(payload, reference, self._rel, self.config.max_tokens, offset)
+            ok = relation(payload, reference, self._rel, self.config.max_tokens, offset, zeroed)
             got.update(zip(RELATION, (float(v) for v in self._rel) if ok else (np.nan,) * len(RELATION)))
         return np.array([got[n] for n in st.names])
 
@@ -420,7 +423,8 @@ class Sentinel(Detector):
             )  # the pooled mean uses every token: equal only for a replay
         if not self._comparable(st, sig) or st.fences is None:  # first message (the Verifier rejects odd shapes)
             return self._first(st, sig, lay, msg, offset)
-        values = self._values(st, sig, msg.payload, reference_of(self.env, msg), offset)
+        zeroed = msg.role in self.env.zeroed_roles
+        values = self._values(st, sig, msg.payload, reference_of(self.env, msg), offset, zeroed)
         d = {n: v for n, v in zip(st.names, values.tolist()) if v == v}  # NaN: a relation without a reference
         if st.fences.count < self.config.min_history:
             return self._accept(st, sig, lay, msg, values, d, st.fences.transform(values))

@@ -128,19 +128,22 @@ def relation(
     out: np.ndarray,
     max_tokens: int | None = None,
     offset: int = 0,
+    skip_zero: bool = False,
 ) -> bool:
     """Writes (align, align_tail[, gain_low, gain_high[, match]]) of `payload` against `reference` to `out` (2, 4 or
     5 entries); False (out untouched) when there is no comparable reference (none, token ids, another shape).
     align, align_tail and the gains read every token (N C work); match compares every pair of the tokens the
     signature's moments sample (every s-th from `offset`, s = ceil(N / max_tokens); at most MATCH_TOKENS of them) and,
-    when that leaves tokens out, also every token with its MATCH_REACH neighbours on each side (`local_match`)."""
+    when that leaves tokens out, also every token with its MATCH_REACH neighbours on each side (`local_match`).
+    `skip_zero`: tokens exactly zero in the payload or the reference are left out of align, align_tail and the
+    gains (traffic whose codec drops tokens whole: `DetectorEnv.zeroed_roles`)."""
     if not has_reference(payload, reference):
         return False
     from sentinel.detectors import kernels
 
     y, r = _tokens(payload), _tokens(reference)
     n = y.shape[0]
-    kernels.relation(y, r, 0, 1, out)
+    kernels.relation(y, r, 0, 1, out, skip_zero)
     if out.shape[0] > 4:  # m^2 C work: at most MATCH_TOKENS of the sampled tokens (every k-th of them)
         stride = 1 if max_tokens is None or n <= max_tokens else -(-n // max_tokens)
         m = len(range(offset % stride, n, stride))

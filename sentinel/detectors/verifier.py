@@ -187,6 +187,7 @@ def make_env(scenario, mesh: MeshControl | None = None, recompute=None, inputs=N
         live_replicas=mesh.live_in_stage if mesh is not None else None,
         substitutes=substitutes,
         sender_inputs=inputs,
+        zeroed_roles=frozenset(role for role, codec in build_codecs(scenario.transport).items() if codec.zeroes_tokens),
     )
 
 

@@ -75,9 +75,15 @@ class Codec:
     the positions two messages share (`detectors.replay.SparseReplayMemory`). Not for codecs whose kept
     positions follow the data (top-k keeps the same large entries of a stage whose weights barely move,
     with the same values: an honest repeat, seen under top-k 1%).
+
+    `zeroes_tokens`: the codec drops entries, so a token can arrive exactly zero although its sender computed a
+    non-zero one (top-k drops a small token whole; a random mask that keeps 10% of 64 entries drops every entry of
+    a token with probability 0.9^64 ~ 1e-3, one 128-token message in seven). A detector that relates each token to
+    the sender's input must not read such a token as the sender's doing (`DetectorEnv.zeroed_roles`).
     """
 
     random_positions = False
+    zeroes_tokens = False
 
     @dataclasses.dataclass(frozen=True, kw_only=True)
     class Config:
@@ -245,6 +251,8 @@ class TopK(Codec):
     def k(self, n: int) -> int:
         return max(1, min(n, math.ceil(self.config.fraction * n - 1e-9)))
 
+    zeroes_tokens = True
+
     def encode(self, payload: torch.Tensor, ctx: CodecContext) -> Wire:
         flat = payload.detach().reshape(-1)
         idx = torch.nan_to_num(flat.abs(), nan=0.0).topk(self.k(flat.numel()), sorted=False).indices.sort().values
@@ -282,6 +290,7 @@ class RandomMask(Codec):
         value_dtype: Literal["float32", "float16", "bfloat16"] = spec("float32", help="dtype of the kept values")
 
     random_positions = True  # the relay checks re-masked replays (see `Codec`)
+    zeroes_tokens = True
 
     def __init__(self, config: Config | None = None):
         super().__init__(config)

@@ -235,6 +235,34 @@ def test_a_few_rescaled_tokens_move_the_gain_not_the_direction(factor):
         assert bad[1] - honest[1] < 0.3  # the direction test alone would not see it
 
 
+def test_tokens_a_codec_dropped_whole_take_no_part_when_asked():
+    """Under a codec that drops entries (top-k, random masking) a token can arrive exactly zero although its sender
+    computed it: a random mask keeping 10% of 64 entries zeroes one token in ~850, one 128-token message in seven,
+    and gain_low read each as a zeroed token (~70): 2.2% of one held-out run's messages flagged (issue-18 note, stop
+    36). `skip_zero` leaves tokens zero in the output or the input out of align, align_tail and the gains; a token
+    shrunk but not zero is still seen."""
+    y, r = residual_pair(1)
+    dropped = y.clone()
+    dropped.view(-1, 32)[7] = 0.0  # the codec dropped an output token whole
+    r_dropped = r.clone()
+    r_dropped.view(-1, 32)[12] = 0.0  # ... and an input token the sender received
+    honest, plain, skipped = np.empty(4), np.empty(4), np.empty(4)
+    relation(y, r, honest)
+    relation(dropped, r_dropped, plain)
+    relation(dropped, r_dropped, skipped, skip_zero=True)
+    assert plain[2] > 60 and skipped[2] < 0.5 and abs(skipped[2] - honest[2]) < 0.2
+    assert skipped[1] < 0.5 < plain[1]  # the dropped input token's arbitrary direction is left out too
+    keep = np.ones(64, dtype=bool)
+    keep[[7, 12]] = False
+    y64, r64 = dropped.view(-1, 32).numpy().astype(np.float64), r_dropped.view(-1, 32).numpy().astype(np.float64)
+    g = 0.5 * (np.log((y64**2).sum(1)[keep]) - np.log((r64**2).sum(1)[keep]))  # the gains of the tokens that remain
+    assert skipped[2] == pytest.approx(max(0.0, np.median(g) - g.min()), rel=1e-9)
+    shrunk = dropped.clone()
+    shrunk.view(-1, 32)[40] *= 0.05  # a tampered token, shrunk but not zero: still seen
+    relation(shrunk, r_dropped, skipped, skip_zero=True)
+    assert skipped[2] > 2.5
+
+
 def test_gain_high_reads_the_tokens_that_received_a_typical_magnitude():
     """An honest backward pass moves magnitude onto tokens that already received much more than the others (on
     byte-level text the gain of tokens that received over 1.65x the median reached e^2.7; of the others, e^1.5):

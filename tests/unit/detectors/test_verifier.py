@@ -276,6 +276,18 @@ def test_env_says_whether_the_response_may_ask_for_a_substitute(tiny_scenario):
     assert not env("response.on_flag=substitute", "detector.mode=open_loop").substitutes  # never acts
 
 
+def test_env_names_the_roles_whose_codec_drops_tokens_whole(tiny_scenario):
+    from sentinel.detectors.verifier import make_env
+
+    def zeroed(*overrides):
+        return make_env(tiny_scenario("detector.name=sentinel", *overrides)).zeroed_roles
+
+    assert zeroed() == frozenset() and zeroed("transport.codec={name: int8}") == frozenset()
+    assert zeroed("transport.codec={name: topk, fraction: 0.1}") == {Role.ACTIVATION, Role.GRADIENT}
+    assert zeroed("transport.gradient_codec={name: topk, fraction: 0.1}") == {Role.GRADIENT}
+    assert zeroed("transport.codec={name: random_mask, keep: 0.1}") == {Role.ACTIVATION, Role.GRADIENT}
+
+
 def test_the_relay_checks_re_masked_replays_only_under_a_random_position_codec():
     from sentinel import scenario as scenario_mod
     from sentinel.detectors.verifier import build_defence as build
