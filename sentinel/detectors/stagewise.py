@@ -26,7 +26,8 @@ Per stream:
                window, a persistent attacker cannot stretch it)
     consensus  honest-majority drift detection (`streams.Stream.stage_shift`): when more than half of the honest replicas
                of the sending stage are anomalous together, it is drift: a message no more anomalous than
-               them is accepted and learned
+               them is accepted and learned; not when those messages all received their input (or their gradient)
+               from one upstream worker (`SenderInputs.origin`): that is what that worker sent, not drift
     replays    an exact repeat of a relayed tensor is flagged as certain (`replay.py`)
 Every rule reads "statistic > threshold" and the logged statistic (`evidence`, or `exceedance` for the fences)
 sweeps the rule's whole ROC from one open-loop run.
@@ -437,6 +438,10 @@ class Sentinel(Detector):
             p = p_rel = None
         stage = msg.boundary if msg.role == Role.ACTIVATION else msg.boundary + 1  # the sender's stage
         st.recent[msg.sender] = (msg.step, e if np.isfinite(e) else np.inf)
+        got = self.env.sender_inputs(msg) if self.env.sender_inputs is not None else None
+        st.remember(
+            msg.step, st.recent[msg.sender][1], got.origin if got is not None else (), self.config.consensus_horizon
+        )
         drift = k_learn / 2 if self.config.combine == "calibrated" else k_learn  # "part of a stage-wide drift" above
         live = self.env.live_replicas(stage) if self.env.live_replicas is not None else None
         shift = e > k_learn and st.stage_shift(msg.step, e, drift, live, self.config.consensus_horizon)

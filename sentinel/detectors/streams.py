@@ -5,6 +5,8 @@ memory, and the honest-majority drift test. Nothing here is shared between strea
 
 from __future__ import annotations
 
+import collections
+
 import numpy as np
 
 from sentinel.detectors.baseline import Baseline, Fences, SenderMedianBaseline
@@ -50,6 +52,8 @@ class Stream:
         self.flags = 0
         self.outlier_at: dict[str, int] = {}  # sender -> step of its latest message above the learning level
         self.recent: dict[str, tuple[int, float]] = {}  # sender -> (step, statistic) of its latest message
+        self.fed: collections.deque = collections.deque()  # (step, statistic, origin) of recent messages, for the
+        # consensus: who sent each one's inputs (`SenderInputs.origin`)
 
     def setup(self, cfg, names: tuple[str, ...]) -> None:
         """Fix the stream's statistics: those of `cfg.distances` it can compute (`names`)."""
@@ -70,6 +74,13 @@ class Stream:
             self.outlier_at[sender] = step
         return due
 
+    def remember(self, step: int, e: float, origin: tuple, horizon: int) -> None:
+        """Keep (step, statistic, who sent its inputs) of a message for `horizon` steps (the consensus reads them)."""
+        while self.fed and step - self.fed[0][0] >= horizon:
+            self.fed.popleft()
+        if horizon:
+            self.fed.append((step, e, origin))
+
     def stage_shift(self, step: int, e: float, level: float, live: list[str] | None, horizon: int) -> bool:
         """Honest-majority consensus: is this anomalous message part of a stage-wide shift?
 
@@ -80,6 +91,15 @@ class Stream:
         attack. The message is then treated as honest when it is no more anomalous than the (R - f)-th smallest
         recent statistic; an outlier beyond it is not. A stage of one replica has no peers to compare with: no
         consensus there (the paper's behaviour).
+
+        Not drift either: anomalous messages that all descend from one upstream sender (`origin`: every anomalous
+        message of the horizon, not only each sender's latest, received its input, or every one its gradient, from
+        the same worker; honest drift reaches a stage through all its feeders, and the more anomalous messages, the
+        less likely they share one by chance). An upstream attacker whose tampering evades its
+        own boundary can break the token relation of every replica it feeds: on `fence_evasion` (activations, seed 0)
+        all of stage 2 went anomalous together (`align` 0.82-0.93 against ~0.02), the consensus learned it as drift,
+        the broken relation then looked ordinary, and the backward of those microbatches (p ~ 1e-130) banned an honest
+        receiver. Honest drift reaches the stage through every upstream replica.
         """
         if not horizon or not np.isfinite(e):
             return False
@@ -91,4 +111,9 @@ class Stream:
         need = f + (R - f) // 2 + 1
         if sum(v > level for v in vals) < need:
             return False
+        origins = [o for s, v, o in self.fed if v > level and step - s < horizon]  # every anomalous one, not the latest
+        for k in range(2):  # who sent the input; who sent the gradient
+            got = {o[k] if len(o) > k else None for o in origins}
+            if len(got) == 1 and None not in got:
+                return False
         return e <= vals[min(R - f, len(vals)) - 1]

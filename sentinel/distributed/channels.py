@@ -36,7 +36,7 @@ from sentinel.distributed.mapping import COORDINATOR, RankMap
 from sentinel.engine.step import DROPPED, Provenance, StepProgram, StepState
 from sentinel.engine.workers import MeshEvent
 from sentinel.transport.message import Message, Role, message_id
-from sentinel.transport.relay import Relay, Sender, SenderInputs, WireError
+from sentinel.transport.relay import Relay, Sender, SenderInputs, WireError, route_origin
 from sentinel.transport.verdict import Marker, Verdict
 
 
@@ -510,5 +510,7 @@ class VerifierChannel:
             )
             return self.relay.refuse(msg, declared, str(exc))
         key = (self.st.step, mb, b, int(role))
-        inputs = SenderInputs(key, x_in, g_in) if self.wants_inputs else None
+        inputs = (
+            SenderInputs(key, x_in, g_in, route_origin(self.plan, self.ids, mb, b, role)) if self.wants_inputs else None
+        )
         return self.relay.carry(msg, wire, paused=tainted, inputs=inputs, early=early)

@@ -24,7 +24,7 @@ from sentinel.eventlog import EventLog
 from sentinel.model import global_parameters, loss_fn
 from sentinel.scenario import Scenario
 from sentinel.transport.message import Message, Role
-from sentinel.transport.relay import Relay, Sender, SenderInputs
+from sentinel.transport.relay import Relay, Sender, SenderInputs, route_origin
 
 
 class AllLocal:
@@ -110,12 +110,13 @@ class LocalChannel:
 
     def begin_step(self, program: StepProgram, st: StepState) -> None:
         self.inbox, self.taint, self._step = {}, set(), st.step
+        self._plan, self._ids = st.plan, program.workers.ids
 
     def send(self, msg: Message, prov: Provenance) -> None:
         key = (msg.step, msg.mb_idx, msg.boundary, int(msg.role))
         self.recompute.current = (key, prov)  # for the trusted recompute hook
         sent, wire = self.sender.encode(msg)
-        inputs = SenderInputs(key, prov.x, prov.grad_in)
+        inputs = SenderInputs(key, prov.x, prov.grad_in, route_origin(self._plan, self._ids, *key[1:3], msg.role))
         got = self.relay.carry(sent, wire, paused=msg.mb_idx in self.taint, inputs=inputs)
         self.recompute.current = None
         if got.flagged:

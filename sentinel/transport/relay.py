@@ -70,12 +70,25 @@ class SenderInputs:
     """What the sender of a message received for its microbatch, as the verifiers relayed it.
 
     x: token ids (B, T) on stage 0, else the activation delivered to the sender; grad: for a backward message,
-    the gradient delivered to the sender (None on the last stage, whose gradient comes from its loss).
+    the gradient delivered to the sender (None on the last stage, whose gradient comes from its loss). origin: who
+    sent x and who sent grad (`route_origin`: public routing facts; None where nobody did).
     """
 
     key: tuple[int, int, int, int]  # (step, mb, boundary, role) of the message these inputs belong to
     x: torch.Tensor | None
     grad: torch.Tensor | None = None
+    origin: tuple[str | None, str | None] = (None, None)
+
+
+def route_origin(plan, ids, mb: int, boundary: int, role: Role) -> tuple[str | None, str | None]:
+    """(who sent the input x, who sent the gradient) that the sender of message (mb, boundary, role) received, from
+    the step's routing plan (M, S) of worker indices into `ids`: for a forward message the previous stage's worker on
+    the microbatch's route (None on stage 0: token ids); for a backward one the worker of stage `boundary` (its
+    forward input) and of stage `boundary + 2` (its gradient; None on the last stage)."""
+    S = plan.shape[1]
+    if role == Role.ACTIVATION:
+        return (ids[int(plan[mb, boundary - 1])] if boundary >= 1 else None), None
+    return ids[int(plan[mb, boundary])], (ids[int(plan[mb, boundary + 2])] if boundary + 2 < S else None)
 
 
 class InFlight:
