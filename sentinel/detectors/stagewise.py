@@ -325,6 +325,20 @@ class Sentinel(Detector):
             got.update(zip(RELATION, (float(v) for v in self._rel) if ok else (np.nan,) * len(RELATION)))
         return np.array([got[n] for n in st.names])
 
+    def _feeders(self, msg: Message) -> tuple:
+        """Who sent the input and the gradient `msg`'s sender received (`SenderInputs.origin`), for the consensus
+        (`Stream.stage_shift`); None for a feeding stage with fewer than two live replicas, where one feeder for every
+        message is the topology, not a sign (its drift would otherwise never be recognised)."""
+        got = self.env.sender_inputs(msg) if self.env.sender_inputs is not None else None
+        if got is None:
+            return ()
+        b = msg.boundary
+        stages = (b - 1, None) if msg.role == Role.ACTIVATION else (b, b + 2)
+        live = self.env.live_replicas
+        return tuple(
+            w if w is not None and (live is None or len(live(s)) >= 2) else None for w, s in zip(got.origin, stages)
+        )
+
     def _sampled_ids(self, payload: torch.Tensor, ids: torch.Tensor, offset: int) -> tuple[np.ndarray, np.ndarray]:
         """(projected sampled tokens (m, P), their input token ids (m,)) of the message just signed: the signature
         left the projections of the tokens it sampled in its workspace."""
@@ -438,10 +452,7 @@ class Sentinel(Detector):
             p = p_rel = None
         stage = msg.boundary if msg.role == Role.ACTIVATION else msg.boundary + 1  # the sender's stage
         st.recent[msg.sender] = (msg.step, e if np.isfinite(e) else np.inf)
-        got = self.env.sender_inputs(msg) if self.env.sender_inputs is not None else None
-        st.remember(
-            msg.step, st.recent[msg.sender][1], got.origin if got is not None else (), self.config.consensus_horizon
-        )
+        st.remember(msg.step, st.recent[msg.sender][1], self._feeders(msg), self.config.consensus_horizon)
         drift = k_learn / 2 if self.config.combine == "calibrated" else k_learn  # "part of a stage-wide drift" above
         live = self.env.live_replicas(stage) if self.env.live_replicas is not None else None
         shift = e > k_learn and st.stage_shift(msg.step, e, drift, live, self.config.consensus_horizon)
