@@ -178,7 +178,7 @@ def relation(y, r, start, stride, out, skip_zero=False):  # pragma: no cover - c
     the tokens as sent (not centred) and m the median gain, over the tokens with r_i != 0 (a zeroed token: g_i ~ -69;
     0 when none); out[3] only over the tokens that received a typical magnitude, |r_i|^2 <= TYPICAL_RECEIVED x the
     median |r_j|^2 (see `tokens.py`). `skip_zero`: a token exactly zero in y or in r (a codec dropped it whole,
-    `DetectorEnv.zeroed_roles`) takes no part in any of them. float64 sums;
+    `DetectorEnv.zeroed_roles`) takes no part in the cosines and the gains (it still counts in the means). float64 sums;
     `fastmath` (reassociated sums) is fine: nothing here needs to match another computation bit for bit.
     """
     n, C = y.shape

@@ -451,8 +451,9 @@ class Sentinel(Detector):
         if st.fences.count < MIN_EVIDENCE:  # a tail fitted to so few values is no evidence to accumulate
             p = p_rel = None
         stage = msg.boundary if msg.role == Role.ACTIVATION else msg.boundary + 1  # the sender's stage
-        st.recent[msg.sender] = (msg.step, e if np.isfinite(e) else np.inf)
-        st.remember(msg.step, st.recent[msg.sender][1], self._feeders(msg), self.config.consensus_horizon)
+        latest = e if np.isfinite(e) else np.inf
+        st.recent[msg.sender] = (msg.step, latest)
+        st.remember(msg.step, latest, self._feeders(msg), self.config.consensus_horizon)
         drift = k_learn / 2 if self.config.combine == "calibrated" else k_learn  # "part of a stage-wide drift" above
         live = self.env.live_replicas(stage) if self.env.live_replicas is not None else None
         shift = e > k_learn and st.stage_shift(msg.step, e, drift, live, self.config.consensus_horizon)
