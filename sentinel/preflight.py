@@ -249,30 +249,25 @@ def warnings_for(sc: scenario_mod.Scenario) -> list[str]:
     number of malicious workers, and warn when it is above 1%.
 
     SENTINEL also assumes that the replicas of a stage are exchangeable: they hold the same weights and see
-    i.i.d. microbatches, so one pooled baseline per stream and the peer tests compare like with like. Two
-    honest settings break that, and we warn: replicas that do not all-reduce every step (`dp.sync: sparse_avg`
-    or `none`: their weights diverge) and stragglers in an asynchronous pipeline (they run `max_staleness` steps
-    behind their peers). Measured on held-out byte-level CSV text (8 x 64, 100 steps, seed 31; issue-18 note,
-    stop 36): sparse averaging banned 3-7 honest replicas in each of five meshes and schedules, synchronous DP
-    none; stragglers at `max_staleness: 4` with look-ahead 3 in two runs (seeds 31-32), at 1 none.
+    i.i.d. microbatches, so one pooled baseline per stream and the peer tests compare like with like. The response
+    policy's peer score test keeps to cohorts of exchangeable replicas (`MeshControl.cohort`): async stragglers are
+    compared with stragglers only, and replicas that do not all-reduce every step (`dp.sync: sparse_avg` or `none`:
+    their weights diverge) with nobody. We warn about the latter: without that test, slow attacks that cross no
+    fence go unbanned, and the pooled baselines still mix diverging replicas. Measured (issue-18 note, stop 37):
+    `slow_drift` and `warmup_poisoning` under sparse averaging were banned on none of 6 seeds, and held-out
+    byte-level CSV text (8 x 64, 100 steps, seed 31) banned 2 honest replicas in five meshes and schedules (26 with
+    the score test on: 3-7 in each), synchronous DP none.
     """
     out = []
     adv, p = sc.adversary, sc.pipeline
     if sc.detector.name == "sentinel" and sc.detector.mode == "closed_loop":
         if sc.dp.sync != "allreduce" and p.replicas > 1:
             out.append(
-                f"dp.sync: {sc.dp.sync}: the replicas of a stage hold diverging weights, and SENTINEL compares them "
-                "with each other (one baseline per stream, peer tests): expect honest replicas to be banned "
-                "(3-7 per 100-step run on held-out text with sparse_avg; see README, 'Compressed and asynchronous "
-                "traffic'); detector.mode: open_loop measures the flags without acting on them"
-            )
-        net, lag = sc.transport.network, sc.transport.async_
-        if net.stragglers > 0 and lag.max_staleness >= 2 and p.replicas > 1:
-            out.append(
-                f"transport.network.stragglers: {net.stragglers} with transport.async.max_staleness: "
-                f"{lag.max_staleness}: stragglers run {lag.max_staleness} steps behind their peers, and SENTINEL's "
-                "peer score test reads that as a persistent difference (3 honest replicas banned in two held-out "
-                "runs at max_staleness 4; see README, 'Compressed and asynchronous traffic')"
+                f"dp.sync: {sc.dp.sync}: the replicas of a stage hold diverging weights, so SENTINEL's peer score test "
+                "is off (it would single out honest replicas) and slow attacks that cross no fence go unbanned "
+                "(slow_drift, warmup_poisoning), while its pooled baselines still mix the replicas (2 honest bans "
+                "in five 100-step runs on held-out text; see README, 'Compressed and asynchronous traffic'); "
+                "detector.mode: open_loop measures the flags without acting on them"
             )
     if adv.attacks and adv.placement == "random" and adv.fraction > 0:
         stages = open_stages(p.stages, adv.protect)

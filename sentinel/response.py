@@ -38,7 +38,9 @@ p < `ban_pvalue` (and at least `ban_after` strikes). Kinds of evidence:
              majority rule, Bonferroni over the statistics. An attack that shifts every message a little but crosses
              no fence (invisible noise, random signs on a deep boundary) shows here long before it
              shows in counts; a statistic that ignores a poisoned baseline (skewness is a cosine, blind
-             to a baseline diluted by the attacker's own learned messages) keeps the gap open.
+             to a baseline diluted by the attacker's own learned messages) keeps the gap open. Peers are
+             the sender's cohort (`MeshControl.cohort`): an async straggler is compared with stragglers only,
+             and under sparse averaging (diverging weights) nobody is score-tested.
 
 A stage with a single live replica has no peers: only its hard and certain strikes count, tested
 against Binomial(n_w, base_fpr) (resp. 1e-6). `ban_pvalue: 1` turns the peer test off: plain
@@ -368,7 +370,9 @@ class Responder:
         messages against those of the other senders of the stream (the other replicas of its stage),
         Bonferroni-corrected over the statistics. Far more powerful than counting flags for an attack
         that shifts every message a little and crosses no fence; one ranking per statistic serves every
-        sender of the stream.
+        sender of the stream. Senders are compared within their cohort (`MeshControl.cohort`): an honest async
+        straggler computes with older weights than its peers at every step, a persistent difference this test
+        would otherwise single out.
         """
         for senders in self._stats.values():
             recent = {}
@@ -377,13 +381,16 @@ class Responder:
                     q.popleft()
                 if len(q) >= MIN_SCORES and w not in self.banned:
                     recent[w] = q
-            if len(recent) < 2:
-                continue
-            names = list(recent)
-            rows = np.array([r for w in names for _, r in recent[w]], dtype=float)  # messages x statistics
-            owner = np.repeat(np.arange(len(names)), [len(recent[w]) for w in names])
-            for i in majority_outliers(pairwise_pvalues(rows, owner, len(names)), self.config.ban_pvalue):
-                self.ban(names[i], step)
+            cohorts = collections.defaultdict(list)  # an async straggler is compared with stragglers only
+            for w in recent:
+                cohorts[self.mesh.cohort(w)].append(w)
+            for names in cohorts.values():
+                if len(names) < 2:
+                    continue
+                rows = np.array([r for w in names for _, r in recent[w]], dtype=float)  # messages x statistics
+                owner = np.repeat(np.arange(len(names)), [len(recent[w]) for w in names])
+                for i in majority_outliers(pairwise_pvalues(rows, owner, len(names)), self.config.ban_pvalue):
+                    self.ban(names[i], step)
 
     def _judge(self, worker: str, step: int, strikes: int, pvalue: float, soft: bool = False) -> None:
         if worker in self.banned:

@@ -28,8 +28,8 @@ from sentinel.distributed.channels import StepEnd, VerifierChannel, WorkerChanne
 from sentinel.distributed.faults import FaultInjector, parse_faults
 from sentinel.distributed.mapping import COORDINATOR, RankMap
 from sentinel.distributed.runtime import Runtime
-from sentinel.engine.step import StepProgram
-from sentinel.engine.workers import MeshControl, WorkerTable
+from sentinel.engine.step import StepProgram, mesh_control
+from sentinel.engine.workers import WorkerTable
 from sentinel.eventlog import EventLog
 from sentinel.model import dims, loss_fn
 from sentinel.registry import DETECTORS
@@ -238,7 +238,7 @@ class DistProgram(StepProgram):
 
     def _verifier_channel(self, step_end: StepEnd) -> VerifierChannel:
         sc, rank = self.sc, self.rt.rank
-        self.mesh = MeshControl(self.workers)
+        self.mesh = mesh_control(sc, self.workers)
         self.relay = Relay(self.log, self.codecs, sc.seed, self.payload_shape)
         mine = self.rank_map.boundaries(rank)
         responder = None

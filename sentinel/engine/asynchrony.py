@@ -35,6 +35,22 @@ from sentinel.transport.network import stragglers
 
 if TYPE_CHECKING:  # the step program calls these hooks; they do not import it at run time
     from sentinel.engine.step import StepProgram, StepState
+    from sentinel.engine.workers import WorkerTable
+
+
+def lagging(scenario, workers: WorkerTable) -> frozenset[str]:
+    """The workers whose weights persistently lag their stage peers' (public: the network's stragglers, from the
+    scenario and its seed): an honest straggler of an asynchronous pipeline always computes with weights
+    `max_staleness` steps old, its peers with fresher ones, so its traffic differs from theirs by construction.
+    Empty where every replica of a stage has the same staleness rule (synchronous, `fixed`, or a per-stage
+    staleness that already reaches `max_staleness` in that stage)."""
+    c, S = scenario.transport.async_, scenario.pipeline.stages
+    if c.max_staleness <= 0 or c.staleness == "fixed":
+        return frozenset()
+    slow = stragglers(scenario.transport.network, scenario.seed, list(workers.ids))
+    if c.staleness == "per_stage":  # the rest of stage s runs min(max_staleness, S - 1 - s) behind
+        slow = {w for w in slow if S - 1 - workers.stage[workers.index(w)] < c.max_staleness}
+    return frozenset(slow)
 
 
 class _History:

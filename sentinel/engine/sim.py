@@ -18,7 +18,7 @@ import copy
 import numpy as np
 import torch
 
-from sentinel.engine.step import DROPPED, Provenance, StepProgram, StepState, payload_shape
+from sentinel.engine.step import DROPPED, Provenance, StepProgram, StepState, mesh_control, payload_shape
 from sentinel.engine.workers import MeshControl, MeshEvent, WorkerTable
 from sentinel.eventlog import EventLog
 from sentinel.model import global_parameters, loss_fn
@@ -163,7 +163,7 @@ class SimEngine(StepProgram):
             adversary=adversary,
         )
         collective.program = self
-        self.mesh = MeshControl(self.workers)  # the response policy's view: bans and additions become events
+        self.mesh = mesh_control(scenario, self.workers)  # the response policy's view: bans and additions become events
         self.recompute = TrustedRecompute(self.replicas, self.workers)
         self.relay = Relay(self.log, self.codecs, scenario.seed, payload_shape(scenario))
         self.channel = LocalChannel(

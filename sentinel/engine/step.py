@@ -37,14 +37,14 @@ import torch
 
 from sentinel.data import Dataset
 from sentinel.engine.aggregators import Aggregator
-from sentinel.engine.asynchrony import Asynchrony
+from sentinel.engine.asynchrony import Asynchrony, lagging
 from sentinel.engine.clock import NetworkClock
 from sentinel.engine.dp_compress import build_dp_compressor
 from sentinel.engine.hooks import StepHook
 from sentinel.engine.optim import lr_at, make_optimizer
 from sentinel.engine.schedule import Action, execute, make_schedule
 from sentinel.engine.sparse_avg import SparseAveraging
-from sentinel.engine.workers import MeshEvent, Router, WorkerTable
+from sentinel.engine.workers import MeshControl, MeshEvent, Router, WorkerTable
 from sentinel.eventlog import EventLog
 from sentinel.model import Stage, build_stages, dims, loss_fn, model_hooks
 from sentinel.registry import AGGREGATORS
@@ -431,3 +431,9 @@ class StepProgram:
 def payload_shape(scenario: Scenario) -> tuple[int, int, int]:
     """The shape of every honest boundary tensor: (batch_size, seq_len, hidden)."""
     return (scenario.data.batch_size, scenario.model.seq_len, dims(scenario).hidden)
+
+
+def mesh_control(scenario: Scenario, workers: WorkerTable) -> MeshControl:
+    """The response policy's view of `workers`, with the cohorts its peer comparisons keep to (`MeshControl.cohort`):
+    public facts of the scenario (its DP sync, its async stragglers), the same on every backend."""
+    return MeshControl(workers, lagging(scenario, workers), exchangeable=scenario.dp.sync == "allreduce")

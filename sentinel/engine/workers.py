@@ -102,8 +102,12 @@ class MeshControl:
     object cannot reach ground truth.
     """
 
-    def __init__(self, workers: WorkerTable):
+    def __init__(self, workers: WorkerTable, lagging: frozenset[str] = frozenset(), exchangeable: bool = True):
         self._workers = workers
+        self.lagging = lagging  # public: workers whose weights persistently lag their peers' (`asynchrony.lagging`)
+        self.exchangeable = (
+            exchangeable  # False: a stage's replicas hold diverging weights (DP sync other than allreduce)
+        )
         self.events: list[MeshEvent] = []
 
     def stage_of(self, worker: str) -> int:
@@ -111,6 +115,12 @@ class MeshControl:
 
     def live_in_stage(self, stage_idx: int) -> list[str]:
         return [self._workers.ids[i] for i in self._workers.live_in_stage(stage_idx)]
+
+    def cohort(self, worker: str) -> bool | str:
+        """The worker's cohort in its stage: the replicas it is exchangeable with (same weights, same staleness), whom
+        peer comparisons may hold it to. With allreduce DP sync, the lagging workers (async stragglers) and the rest;
+        with replicas whose weights diverge (`exchangeable` False), each worker alone."""
+        return worker in self.lagging if self.exchangeable else worker
 
     def is_live(self, worker: str) -> bool:
         return self._workers.live[self._workers.index(worker)]

@@ -224,6 +224,34 @@ def test_engine_replacement_copies_weights_and_optimizer_state(tiny_scenario):
         torch.testing.assert_close(a, b)
 
 
+@pytest.mark.parametrize(
+    "lagging,exchangeable,banned",
+    [
+        (frozenset(), True, ["s1r2"]),
+        (frozenset({"s1r2"}), True, []),
+        (frozenset({"s1r1", "s1r2"}), True, ["s1r2"]),
+        (frozenset(), False, []),
+    ],
+)
+def test_score_tests_compare_a_sender_within_its_cohort(lagging, exchangeable, banned):
+    """A replica whose statistics are persistently larger than its peers' is banned by the score test, within its
+    cohort (`MeshControl.cohort`): an async straggler alone in its stage is not tested, next to another straggler it
+    is; replicas whose weights diverge (sparse averaging) are each alone."""
+    import numpy as np
+
+    mesh = Mesh(stages=3, replicas=3)
+    mesh.control = MeshControl(mesh.workers, lagging, exchangeable)
+    r = Responder(ResponseConfig(ban_after=99), mesh.control)
+    rng = np.random.default_rng(0)
+    for t in range(30):
+        records = [
+            (msg(t, sender=w, mb=i), Verdict({"l1": float(rng.normal() + 3.0 * (w == "s1r2"))}, False))
+            for i, w in enumerate(("s1r0", "s1r1", "s1r2"))
+        ]
+        step(r, mesh, t, records)
+    assert [w for _, w, _ in mesh.bans] == banned
+
+
 def test_pairwise_pvalues_are_mann_whitney_tests():
     """All statistics at once: each p-value is scipy's one-sided asymptotic Mann-Whitney U test (no ties here)."""
     import numpy as np

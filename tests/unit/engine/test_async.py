@@ -6,7 +6,7 @@ from types import SimpleNamespace
 
 import torch
 
-from sentinel.engine.asynchrony import Asynchrony
+from sentinel.engine.asynchrony import Asynchrony, lagging
 from sentinel.engine.clock import NetworkClock
 from sentinel.engine.sim import SimEngine
 from tests.conftest import tiny
@@ -123,6 +123,27 @@ def test_stragglers_run_max_staleness_behind():
     assert len(asy.stragglers) == 4
     for w in asy.stragglers:
         assert asy.staleness(7, w, 3) == 4
+
+
+def test_lagging_workers_are_the_stragglers_staler_than_their_stage():
+    """The response policy's cohorts (`MeshControl.cohort`): a straggler lags its peers only where its staleness
+    differs from theirs; a synchronous pipeline, `fixed` staleness and a per-stage staleness that already reaches
+    `max_staleness` make no cohorts."""
+    lag = ("transport.network.stragglers=0.5", "pipeline.replicas=2")
+    eng = SimEngine(tiny("transport.async.max_staleness=2", *lag))  # per_stage: stages 0-1 already run 2 behind
+    asy = next(h for h in eng.hooks if isinstance(h, Asynchrony))
+    stage = {w: eng.workers.stage[eng.workers.index(w)] for w in asy.stragglers}
+    assert {w for w in asy.stragglers if stage[w] >= 2} == eng.mesh.lagging != set()
+    assert all(eng.mesh.cohort(w) == (w in eng.mesh.lagging) for w in eng.workers.ids)
+    for w in asy.stragglers:  # a lagging straggler's staleness is not its stage's; a non-lagging one's is
+        peer = asy.staleness(7, f"s{stage[w]}r9", stage[w])
+        assert (asy.staleness(7, w, stage[w]) != peer) == (w in eng.mesh.lagging)
+    rand = tiny("transport.async.max_staleness=2", "transport.async.staleness=random", *lag)
+    assert lagging(rand, eng.workers) == asy.stragglers
+    for quiet in (("transport.async.max_staleness=2", "transport.async.staleness=fixed"), ()):
+        assert lagging(tiny(*quiet, *lag), eng.workers) == frozenset()
+    sparse = SimEngine(tiny("dp.sync=sparse_avg", "pipeline.replicas=2"))  # diverging weights: every replica alone
+    assert [sparse.mesh.cohort(w) for w in sparse.workers.ids] == sparse.workers.ids
 
 
 class _AddReplicaOnce:
