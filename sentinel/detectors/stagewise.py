@@ -63,6 +63,7 @@ from sentinel.detectors.distances import (
 )
 from sentinel.detectors.streams import Stream, mix
 from sentinel.detectors.tokens import (
+    MATCH_RESOLUTION,
     NOT_ON_IDS,
     RELATION,
     RELATION_STATS,
@@ -360,7 +361,9 @@ class Sentinel(Detector):
             skip = (*skip, *NOT_ON_IDS)  # token ids: no magnitude to compare a gain with, no vectors to match
         has_ref = has_ref or st.ids is not None
         st.setup(self.config, tuple(n for n in self.names if (has_ref or n not in RELATION_STATS) and n not in skip))
-        st.fences.set_resolution(resolutions(st.names, lay))
+        res = resolutions(st.names, lay)
+        res[[i for i, n in enumerate(st.names) if n == "match"]] = MATCH_RESOLUTION
+        st.fences.set_resolution(res)
         self._learn(st, sig, lay, msg)
         return Verdict({}, False)
 

@@ -92,12 +92,19 @@ import math
 import numpy as np
 import torch
 
+from sentinel.detectors.calibration import LOG_FLOOR
+
 TOKEN_STATS = ("token_norm", "align", "align_tail", "gain_low", "gain_high", "match")
 GAIN_STATS = ("gain_low", "gain_high")
 NOT_ON_IDS = (*GAIN_STATS, "match")  # not on the first stage: its input is token ids
 RELATION = ("align", "align_tail", *GAIN_STATS, "match")  # what `relation` writes, in order
 RELATION_STATS = frozenset(RELATION)  # NaN where the sender's input is not available
 MATCH_FLOOR = 1e-4  # `match`: a cosine within this of 1 is as good as equal
+# `match` is a log ratio, so like a log-scaled statistic (calibration.LOG_FLOOR) it is not judged on a finer scale
+# than 1%: where its honest values all sit at 0 (no other token explains any output token better than its own), a
+# token explained 1.7% better is not a spread. With the default 1e-12 floor such windows made match 0.017 and 0.046
+# p ~ 1e-44 and 1e-120 on a straggler's gradients (16 x 11 async mesh), and two messages banned it.
+MATCH_RESOLUTION = LOG_FLOOR
 MATCH_TOKENS = 256  # `match` compares every pair of at most this many tokens (the default `max_tokens` is 128)
 MATCH_REACH = 4  # ... and, on longer messages, every token with the inputs of this many neighbours on each side
 

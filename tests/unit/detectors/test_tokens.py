@@ -339,3 +339,27 @@ def test_match_leaves_out_inputs_of_atypical_magnitude(seed):
     flat_y[5] = flat_r[40] * 1.5
     relation(y, r, out)
     assert out[4] < 1.0  # left out: the best typical input explains token 5 no better than chance
+
+
+def test_match_is_judged_no_finer_than_one_percent():
+    """`match` is a log ratio: where its honest values all sit at 0, a token explained 1.7% better than by its own
+    input is not far out (at the old 1e-12 floor it came out at p ~ 1e-44 and banned an honest straggler), while a
+    copied token (match 0.5) still is; and SENTINEL gives its match window that resolution."""
+    from sentinel.detectors.base import DetectorEnv
+    from sentinel.detectors.calibration import TailCalibrator
+    from sentinel.detectors.stagewise import Sentinel
+    from sentinel.detectors.tokens import MATCH_RESOLUTION
+    from sentinel.transport.message import Message, Role
+    from sentinel.transport.relay import SenderInputs
+
+    cal = TailCalibrator(("match",), 200, (False,), resolution=[MATCH_RESOLUTION])
+    for _ in range(200):
+        cal.push(np.zeros(1))
+    assert cal.pvalues(np.array([0.017]))[0] > 1e-3 and cal.pvalues(np.array([0.5]))[0] < 1e-9
+
+    x_in = torch.randn(2, 8, 16, generator=torch.Generator().manual_seed(0))
+    env = DetectorEnv(sender_inputs=lambda msg: SenderInputs((0, 0, 1, int(msg.role)), x_in, None))
+    det = Sentinel(Sentinel.Config(), env=env)
+    det.observe(Message(0, 0, 1, Role.ACTIVATION, "s1r0", "s2r0", x_in + 0.1 * torch.randn_like(x_in)))
+    st = det._streams[(1, int(Role.ACTIVATION))]
+    assert st.fences.resolution[st.names.index("match")] == MATCH_RESOLUTION
