@@ -61,13 +61,17 @@ class TorchCollective:
     def __init__(self, program: DistProgram, groups: list):
         self.program, self.groups = program, groups
 
-    def gather(self, stage_idx: int, rows: list) -> list:
-        """All-gather (table index, microbatches, contribution) of every contributing replica, in table order."""
+    def gather(self, stage_idx: int, rows: list, numel: int) -> list:
+        """All-gather (table index, microbatches, contribution) of every contributing replica, in table order.
+
+        `numel` is every contribution's length, given by the caller: a process with no contributing replica (its
+        own banned, or none routed a microbatch) still takes part, and must pack rows of the same width as the
+        others (sparse averaging sends a slice of the parameters, not all of them)."""
         p = self.program
         ranks = p.rank_map.stage_ranks[stage_idx]
         if len(ranks) == 1:
             return rows
-        d = sum(t.numel() for t in p.templates[stage_idx].parameters()) if not rows else rows[0][2].numel()
+        d = numel
         width = max(len(p.rank_map.hosted(r, p.workers)) for r in ranks)
         comm_device = p.rt.dp_device
         packed = torch.zeros(width, d + 2, device=comm_device)

@@ -49,7 +49,7 @@ class LocalCollective:
     def __init__(self) -> None:
         self.program: StepProgram | None = None
 
-    def gather(self, stage_idx: int, rows: list) -> list:
+    def gather(self, stage_idx: int, rows: list, numel: int) -> list:
         return rows
 
     def share(self, key: str, mine: dict) -> dict:

@@ -96,7 +96,7 @@ class SparseAveraging(StepHook):
             if engine.adversary is not None:
                 sent = engine.adversary.dp_contribution(step, s, r.wid, sent)
             rows.append((i, 1, sent))
-        rows = engine.collective.gather(s, rows)  # every live replica's slice, in worker-table order
+        rows = engine.collective.gather(s, rows, hi - lo)  # every live replica's slice, in worker-table order
         avg = engine.aggregator(torch.stack([v for _, _, v in rows]), torch.ones(len(rows), dtype=torch.float64))
         self.pending.append((step + self.cfg.delay, s, lo, hi, avg, snaps))
         self.step_bytes[s] = 4 * (hi - lo)

@@ -134,7 +134,7 @@ class Collective(Protocol):
     """The DP sync's communication: every contributing replica's row of one stage, in worker-table order."""
 
     def gather(
-        self, stage_idx: int, rows: list[tuple[int, int, torch.Tensor]]
+        self, stage_idx: int, rows: list[tuple[int, int, torch.Tensor]], numel: int
     ) -> list[tuple[int, int, torch.Tensor]]: ...
 
     def copy_replica(self, src: int, dst: int, stage_idx: int) -> dict | None: ...
@@ -347,7 +347,7 @@ class StepProgram:
                 stepped[s] = bool(mine)
                 continue
             rows = self._rows(step, s, mine, len(live))
-            rows = self.collective.gather(s, rows)
+            rows = self.collective.gather(s, rows, sum(p.numel() for p in self.templates[s].parameters()))
             stepped[s] = bool(rows)
             if not rows:
                 continue

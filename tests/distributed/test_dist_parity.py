@@ -105,6 +105,43 @@ COMPRESSED = {  # DP compression with a robust aggregator, random masking, byte-
 }
 
 
+SPARSE_AFTER_BAN = {  # a worker banned before the first averaging round: its process still takes part in it
+    "name": "sparse_after_ban",
+    "seed": 3,
+    "model": {"layers": 3, "dim": 32, "heads": 2, "seq_len": 16},
+    "data": {"source": "synthetic", "vocab": 32, "batch_size": 4, "val_batches": 2},
+    "pipeline": {"stages": 3, "replicas": 3, "microbatches": 4, "schedule": "1f1b", "routing": "random"},
+    "training": {"steps": 6, "lr": 3.0e-3, "warmup_steps": 2, "eval_every": 3},
+    "dp": {"sync": "sparse_avg", "sparse_avg": {"every": 5, "fraction": 0.5}},
+    "adversary": {
+        "placement": "explicit",
+        "workers": ["s1r1"],
+        "attacks": [{"name": "delay", "role": "activation", "start": 1, "d": 1}],
+    },
+    "detector": {"name": "sentinel"},
+}
+
+
+@pytest.mark.timeout(300)
+def test_sparse_averaging_after_a_ban_matches_sim(tmp_path):
+    """A banned worker's process has no replica to contribute to its stage's sparse-averaging round but still joins
+    the all-gather: it must pack rows of the slice's width, not the whole stage's (a gloo size mismatch killed it)."""
+    path = write_scenario(tmp_path, SPARSE_AFTER_BAN)
+    launch(
+        str(path),
+        tmp_path / "dist",
+        options=Options(timeout_s=60),
+        quiet=True,
+        timeout_s=280,
+        output=tmp_path / "dist.log",
+    )
+    sim = sim_reference(path, [], tmp_path / "sim")
+    assert_same_log(EventLog.load(tmp_path / "dist"), sim)
+    assert [sim.workers[i] for i in sim.bans["worker"]] == ["s1r1"] and int(
+        sim.bans["step"][0]
+    ) < 4  # before step 4's round
+
+
 @pytest.mark.timeout(400)
 @pytest.mark.parametrize(
     "data,nproc", [(EVERY_FEATURE, 7), (COMPRESSED, None)], ids=["async_sparse_subspace", "dp_compression_mask"]
