@@ -88,7 +88,7 @@ def main(argv: list[str] | None = None) -> int:
         verdict, detail, secs = check(path, args.steps, args.max_procs)
         bad += verdict != "equal"
         print(
-            f"| {path.relative_to(REPO) if path.is_absolute() else path} | {verdict} | {detail} | {secs:.0f} |",
+            f"| {path.resolve().relative_to(REPO) if path.resolve().is_relative_to(REPO) else path} | {verdict} | {detail} | {secs:.0f} |",
             flush=True,
         )
     return 1 if bad else 0
