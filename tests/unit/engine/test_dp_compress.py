@@ -81,8 +81,15 @@ def _two_replicas(values_a, values_b):
         templates=[torch.nn.ParameterList(reps[0].params)],
         placement=SimpleNamespace(stages=lambda: [0]),
         workers=SimpleNamespace(live_in_stage=lambda s: [0, 1]),
-        collective=SimpleNamespace(gather=lambda s, rows: rows),
+        collective=SimpleNamespace(gather=_gather),
     )
+
+
+def _gather(stage_idx, rows, numel):
+    """One process's collective: it returns the rows, which must be as long as the caller says (other processes size
+    their all-gather rows from `numel`)."""
+    assert all(v.numel() == numel for _, _, v in rows)
+    return rows
 
 
 def test_sparse_averaging_rotates_over_all_parameters():
