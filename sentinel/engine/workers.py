@@ -105,9 +105,8 @@ class MeshControl:
     def __init__(self, workers: WorkerTable, lagging: frozenset[str] = frozenset(), exchangeable: bool = True):
         self._workers = workers
         self.lagging = lagging  # public: workers whose weights persistently lag their peers' (`asynchrony.lagging`)
-        self.exchangeable = (
-            exchangeable  # False: a stage's replicas hold diverging weights (DP sync other than allreduce)
-        )
+        # False: a stage's replicas hold diverging weights (DP sync other than allreduce)
+        self.exchangeable = exchangeable
         self.events: list[MeshEvent] = []
 
     def stage_of(self, worker: str) -> int:
