@@ -106,12 +106,11 @@ COMPRESSED = {  # DP compression with a robust aggregator, random masking, byte-
 
 
 SPARSE_AFTER_BAN = {  # a worker banned before the first averaging round: its process still takes part in it
+    **EVERY_FEATURE,
     "name": "sparse_after_ban",
     "seed": 3,
-    "model": {"layers": 3, "dim": 32, "heads": 2, "seq_len": 16},
-    "data": {"source": "synthetic", "vocab": 32, "batch_size": 4, "val_batches": 2},
-    "pipeline": {"stages": 3, "replicas": 3, "microbatches": 4, "schedule": "1f1b", "routing": "random"},
-    "training": {"steps": 6, "lr": 3.0e-3, "warmup_steps": 2, "eval_every": 3},
+    "transport": {},
+    "response": {},
     "dp": {"sync": "sparse_avg", "sparse_avg": {"every": 5, "fraction": 0.5}},
     "adversary": {
         "placement": "explicit",
