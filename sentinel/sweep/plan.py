@@ -13,6 +13,7 @@ Layout of a sweep folder:
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 import re
 from pathlib import Path
@@ -48,10 +49,18 @@ def row_labels(points: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return [{k: per_key[k][json.dumps(p[k], sort_keys=True)] for k in p} for p in points]
 
 
+SLUG_MAX = 180  # characters of a point's folder name
+
+
 def slug(point: dict[str, Any]) -> str:
-    """A folder name for a grid point (stable across runs: resume finds it again)."""
+    """A folder name for a grid point (stable across runs: resume finds it again). A name longer than SLUG_MAX is cut
+    and ends with a hash of the whole point: two points that differ only past the cut (a grid over whole `data` or
+    `pipeline` sections) would otherwise share a folder, and the second would resume the first one's runs."""
     text = "__".join(f"{k}={json.dumps(v, sort_keys=True)}" for k, v in point.items())
-    return re.sub(r"[^A-Za-z0-9_.=+-]+", "-", text)[:180] or "default"
+    name = re.sub(r"[^A-Za-z0-9_.=+-]+", "-", text)
+    if len(name) > SLUG_MAX:
+        name = f"{name[: SLUG_MAX - 13]}-{hashlib.sha256(text.encode()).hexdigest()[:12]}"
+    return name or "default"
 
 
 def overrides(point: dict[str, Any]) -> list[str]:

@@ -114,3 +114,23 @@ def test_row_labels_keep_the_parameters_that_vary_in_the_grid():
         "bias/gradient",
         "none",
     ]
+
+
+def test_points_that_differ_past_the_folder_name_limit_get_their_own_folders(tmp_path):
+    """Folder names are cut at SLUG_MAX characters: two `pipeline` sections that differ only in `stages` (sorted last),
+    after a long `data` section, once shared a folder, and the second point resumed the first one's runs (its table rows were
+    copies). A long name ends with a hash of the whole point; a short one is unchanged (resume finds old sweeps)."""
+    from sentinel.sweep.plan import SLUG_MAX, point_dir, slug
+
+    data = {"source": "text", "path": "/tmp/some/long/corpus/path/corpus_copyright.txt", "tokenizer": "bpe"}
+    model = {"layers": 12, "dim": 96, "heads": 4, "seq_len": 64}
+    points = [
+        {"data": data, "model": model, "pipeline": {"stages": s, "replicas": 3, "microbatches": 4, "schedule": "1f1b"}}
+        for s in (4, 6)
+    ]
+    names = [slug(p) for p in points]
+    assert names[0] != names[1] and all(len(n) <= SLUG_MAX for n in names)
+    assert names[0][:100] == names[1][:100]  # the same readable prefix
+    assert slug(points[0]) == names[0]  # stable: a resumed sweep finds its folder again
+    assert point_dir(tmp_path, points[0]) != point_dir(tmp_path, points[1])
+    assert slug({"detector.k": 4}) == "detector.k=4"
