@@ -56,7 +56,7 @@ class FenceEvasion(Attack):
             return min(c.fallback_strength, c.max_strength)
 
         def ok(a: float) -> bool:
-            return under_fence(self.view.scores(ctx.boundary, ctx.role, x + a * d), thr, c.margin)
+            return under_fence(self.view.scores(ctx.boundary, ctx.role, x + a * d, ctx.worker), thr, c.margin)
 
         if ok(c.max_strength):
             return c.max_strength

@@ -29,8 +29,10 @@ class DetectorView(Protocol):
         statistic exceeds its threshold. Empty when the detector has no fence yet (warm-up)."""
         ...
 
-    def scores(self, boundary: int, role: Role, payload: torch.Tensor) -> dict[str, float]:
-        """The statistics the detector would compute for `payload` now. Pure: updates nothing."""
+    def scores(self, boundary: int, role: Role, payload: torch.Tensor, sender: str | None = None) -> dict[str, float]:
+        """The statistics the detector would compute for `payload` now, sent by `sender` (a detector may judge each
+        sender against its own reference, e.g. SENTINEL's windows without the sender's own values; None: the
+        stream's pooled reference). Pure: updates nothing."""
         ...
 
     def public_state(self) -> dict:
@@ -68,7 +70,7 @@ class ReferenceView:
     def thresholds(self, boundary: int, role: Role) -> dict[str, float]:
         return dict(self._thr) if (boundary, int(role)) in self._base else {}
 
-    def scores(self, boundary: int, role: Role, payload: torch.Tensor) -> dict[str, float]:
+    def scores(self, boundary: int, role: Role, payload: torch.Tensor, sender: str | None = None) -> dict[str, float]:
         base = self._base.get((boundary, int(role)))
         if base is None:
             return {}

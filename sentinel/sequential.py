@@ -40,7 +40,12 @@ the guards. On a uniform honest stream of 100,000 messages the statistic peaked 
   ~100 of 150) the four replicas of a stage each sent a message at p ~ 5e-5 to 4e-9 within six steps, and one of
   them two in consecutive steps, which banned it under the quiet cap. So the stage also drifts when a strict
   majority of its live replicas sent a message at p <= TAIL_P (1e-4) over the horizon: an attacker's honest peers
-  seldom do (a calibrated p <= 1e-4 is one message in thousands), so it keeps the quiet cap;
+  seldom do (a calibrated p <= 1e-4 is one message in thousands), so it keeps the quiet cap. The level has to show
+  beyond the noise of the messages it is measured on (each replica's mean less one standard error, SPREAD / sqrt(n),
+  SPREAD = 0.95 nats the spread of a uniform p's log e-value): on the first judged step of the paper table (seed 4,
+  random signs on gradients) one honest message at p = 0.33, 0.12 nats above a uniform p's mean, made stage 1 drift,
+  the attacker kept for a step disturbed its peers' statistics over the guard, and it was banned 13 steps in
+  instead of 1;
 - no sparse chart: a second CUSUM per worker for an attacker that tampers a share q of its messages, with the
   e-value 1 - q + q [p <= p*] / p* (q = 1/3, p* = 3e-6: -0.41 nats per ordinary message instead of -3.0, so two
   extreme messages with up to eight others between them ban), took the sparse rows of held-out text from 6.6, 5.1
@@ -121,6 +126,7 @@ DRIFT_HORIZON = 5  # steps over which a stage's common level of evidence is meas
 # the mean log e-value of a uniform p-value (-2.05 nats): honest traffic's drain
 UNIFORM = math.log(KAPPA) + 1.0 - KAPPA
 UNIFORM_MEDIAN = math.log(KAPPA) + (1.0 - KAPPA) * math.log(2.0)  # ... and its median (-2.34)
+SPREAD = 1.0 - KAPPA  # ... and its standard deviation (0.95 nats: -log p of a uniform p is Exp(1))
 GUARD_SHARE = 0.5  # a peer "stands out too" above this share of the threshold (at it: one quiet message)
 TAIL_P = 1e-4  # a stage most of whose replicas sent a message this far out lately drifts (`weigh_step`)
 PEER_HORIZON = 30  # steps over which a message's peers' rate of messages as far out is measured (`weigh_step`)
@@ -225,9 +231,12 @@ class SequentialEvidence:
             if len(recent) >= need:
                 level = sorted((sum(v) / len(v) for v in recent.values()), reverse=True)[need - 1]
                 common[stage, stream] = level - UNIFORM
+                # ... and what the majority's messages show beyond a uniform p's noise (one standard error each)
+                low = sorted((sum(v) / len(v) - SPREAD / math.sqrt(len(v)) for v in recent.values()), reverse=True)
                 tails = sum(max(v) >= self._tail for v in recent.values())  # replicas with a message at p <= TAIL_P
                 if tails < need and (
-                    level <= UNIFORM or statistics.median(x for v in recent.values() for x in v) <= UNIFORM_MEDIAN
+                    low[need - 1] <= UNIFORM
+                    or statistics.median(x for v in recent.values() for x in v) <= UNIFORM_MEDIAN
                 ):
                     quiet.add((stage, stream))
         for worker, stage, stream, p in messages:

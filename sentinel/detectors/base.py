@@ -38,6 +38,9 @@ class DetectorEnv:
             offers none; the hook returns None for any message but the one being judged.
         zeroed_roles: the roles (`Role`) whose codec can deliver a token as exactly zero although its sender computed
             a non-zero one (`Codec.zeroes_tokens`: top-k, random masking): public, from the scenario's transport.
+        cohort: `cohort(worker) -> key`, the replicas of its stage a worker is exchangeable with (same key: same
+            weights, same staleness; `MeshControl.cohort`), public from the scenario's network and DP settings. None:
+            every replica of a stage is.
     """
 
     num_stages: int = 1
@@ -47,6 +50,7 @@ class DetectorEnv:
     substitutes: bool = True
     sender_inputs: Callable | None = None
     zeroed_roles: frozenset = frozenset()
+    cohort: Callable[[str], object] | None = None
 
 
 class Detector:
@@ -90,8 +94,9 @@ class Detector:
         """
         return None
 
-    def scores(self, boundary: int, role, payload: torch.Tensor) -> dict[str, float]:
-        """The statistics `observe` would compute for this payload now, without updating any state."""
+    def scores(self, boundary: int, role, payload: torch.Tensor, sender: str | None = None) -> dict[str, float]:
+        """The statistics `observe` would compute for this payload now (sent by `sender`, when the detector judges
+        senders apart), without updating any state."""
         return {}
 
     def substitute(self, msg: Message) -> torch.Tensor | None:

@@ -106,8 +106,8 @@ class _RiverDrift(Detector):
         scores = {**v.scores, "drifts": float(drifts)}
         return Verdict(scores, msg.step >= self.config.warmup_steps and drifts > 0)
 
-    def scores(self, boundary: int, role, payload):
-        return self.inner.scores(boundary, role, payload)
+    def scores(self, boundary: int, role, payload, sender: str | None = None):
+        return self.inner.scores(boundary, role, payload, sender)
 
     def substitute(self, msg: Message):
         return self.inner.substitute(msg)

@@ -120,8 +120,8 @@ class _ScalarDetector(Detector):
             ew.update(f)
         return Verdict(scores, flagged)
 
-    def scores(self, boundary: int, role, payload: torch.Tensor) -> dict[str, float]:
-        probe = Message(0, 0, boundary, role, "", "", payload)
+    def scores(self, boundary: int, role, payload: torch.Tensor, sender: str | None = None) -> dict[str, float]:
+        probe = Message(0, 0, boundary, role, sender or "", "", payload)
         return self._judge(probe, commit=False)[0]
 
     def public_state(self) -> dict:

@@ -52,7 +52,7 @@ import torch
 from sentinel.config import spec
 from sentinel.detectors.base import Detector, Marker, Verdict
 from sentinel.detectors.baseline import SenderMedianBaseline
-from sentinel.detectors.calibration import CAP_P, TailCalibrator
+from sentinel.detectors.calibration import CAP_P, SenderWindows
 from sentinel.detectors.distances import (
     DISTANCES,
     Projections,
@@ -105,6 +105,7 @@ DistanceName = Literal[
 # which align_tail, on text, barely does (tokens.py; issue-18 note, stop 33).
 STATISTICS = DISTANCES + ("align", "align_tail", "gain_low", "match")
 FLAG_MEMORY = 10  # steps: a sender's outliers teach the windows (capped) at most once in this many
+LOO_SENDERS = 3  # a sender is judged against its peers' traffic alone from this many live replicas (`SenderWindows`)
 MIN_EVIDENCE = 40  # accepted values a window needs before its p-values feed the sequential test (8 above Q80)
 
 
@@ -388,14 +389,17 @@ class Sentinel(Detector):
             return "level", "evidence", config.level, config.learn_level
         return "k", "exceedance", config.k, config.k_learn
 
-    def _judge(self, st: Stream, values: np.ndarray) -> tuple[np.ndarray, float, float | None, float | None]:
+    def _judge(
+        self, st: Stream, values: np.ndarray, sender: str | None = None, loo: bool = False
+    ) -> tuple[np.ndarray, float, float | None, float | None]:
         """(values on the windows' scale, statistic, p-value, relation p-value) of one message: for `calibrated`
         the evidence -log10 p of the Bonferroni-combined tail probabilities (and of the relation statistics
-        alone); else the fence rule's exceedance statistic (no p-values)."""
+        alone), against the windows without `sender`'s own values when `loo` (`SenderWindows`); else the fence
+        rule's exceedance statistic (no p-values)."""
         if self.config.combine != "calibrated":
             t = st.fences.transform(values)
             return t, self.statistic(st.fences.exceedance(values, t), st.names), None, None
-        t, p, p_rel = st.fences.judge(values, st.relation)
+        t, p, p_rel = st.fences.judge(values, st.relation, sender, loo)
         return t, -math.log10(max(p, 1e-300)), p, (p_rel if p_rel == p_rel else None)
 
     def statistic(self, exceed: np.ndarray, names: tuple[str, ...] | None = None) -> float:
@@ -411,9 +415,10 @@ class Sentinel(Detector):
         return float((w * np.maximum(exceed, 0.0)).sum())
 
     # -- the detector -----------------------------------------------------------------------------
-    def scores(self, boundary: int, role, payload: torch.Tensor) -> dict[str, float]:
+    def scores(self, boundary: int, role, payload: torch.Tensor, sender: str | None = None) -> dict[str, float]:
         """Pure: no state moves. It uses a fixed token subset (so on payloads of more than `max_tokens` tokens
-        it estimates what `observe` would compute) and no sender input (the relation statistics are left out)."""
+        it estimates what `observe` would compute) and no sender input (the relation statistics are left out); the
+        evidence is against the windows `observe` would judge `sender` by (`SenderWindows`; None: the pooled ones)."""
         st = self._streams.get((int(boundary), int(role)))
         if st is None or st.fences is None:
             return {}
@@ -423,8 +428,24 @@ class Sentinel(Detector):
         values = self._values(st, sig, payload, None)
         d = {n: v for n, v in zip(st.names, values.tolist()) if not np.isnan(v)}
         if st.fences.count:
-            d[self._rule(self.config)[1]] = self._judge(st, values)[1]
+            d[self._rule(self.config)[1]] = self._judge(st, values, sender, self._loo(st, boundary, role, sender))[1]
         return d
+
+    def _loo(self, st: Stream, boundary: int, role, sender: str | None) -> bool:
+        """Whether `sender`'s message is judged against the windows without its own values (`SenderWindows`): when at
+        least LOO_SENDERS live replicas of its stage are exchangeable with it, itself included (`DetectorEnv.cohort`;
+        without a mesh view: the senders the stream has seen). An async straggler, or a replica whose weights diverge
+        from its peers' (sparse averaging), differs from them honestly: it keeps the pooled windows, which hold its
+        own values too."""
+        stage = int(boundary) if int(role) == int(Role.ACTIVATION) else int(boundary) + 1
+        live = self.env.live_replicas(stage) if self.env.live_replicas is not None else None
+        if live is None:
+            return len(getattr(st.fences, "others", ())) >= LOO_SENDERS
+        cohort = self.env.cohort
+        if cohort is not None and sender is not None:
+            mine = cohort(sender)
+            return sum(cohort(w) == mine for w in live) >= LOO_SENDERS
+        return len(live) >= LOO_SENDERS
 
     def observe(self, msg: Message) -> Verdict:
         st = self._stream(msg.boundary, msg.role)
@@ -447,7 +468,9 @@ class Sentinel(Detector):
         if st.fences.count < self.config.min_history:
             return self._accept(st, sig, lay, msg, values, d, st.fences.transform(values))
         _, name, k, k_learn = self._rule(self.config)
-        t, e, p, p_rel = self._judge(st, values)  # t: the values on the windows' scale, for the test and the windows
+        t, e, p, p_rel = self._judge(
+            st, values, msg.sender, self._loo(st, msg.boundary, msg.role, msg.sender)
+        )  # t: windows' scale
         d[name] = e
         if msg.step < self.config.warmup_steps:  # honest warm-up: learn everything, flag nothing, and give the
             return self._accept(st, sig, lay, msg, values, d, t)  # sequential test no evidence (still logged)
@@ -489,8 +512,8 @@ class Sentinel(Detector):
         sender caught again and again does not. Only the learning level decides this, so the detector's state
         (and an open-loop run's verdicts at every level >= learn_level) does not depend on the flag level."""
         due = st.outlier_due(msg.sender, msg.step, FLAG_MEMORY, mark=True)
-        if due and isinstance(st.fences, TailCalibrator) and not np.isnan(values).any():
-            st.fences.push_capped(t)
+        if due and isinstance(st.fences, SenderWindows) and not np.isnan(values).any():
+            st.fences.push_capped(t, msg.sender)
 
     def _accept(
         self,
@@ -510,8 +533,11 @@ class Sentinel(Detector):
         scale; a message missing a statistic teaches the baseline but not the fences)."""
         if np.isfinite(values).all():
             self._learn(st, sig, lay, msg)
-            if judged and isinstance(st.fences, TailCalibrator):  # a judged value learns capped (push_judged)
-                st.fences.push_judged(t, st.fences.last_p, self._take_outlier_budget(st, msg, st.fences.last_p))
+            if judged and isinstance(st.fences, SenderWindows):  # a judged value learns capped (push_judged)
+                each = st.fences.last_p  # the message's per-statistic tail probabilities
+                st.fences.push_judged(t, each, self._take_outlier_budget(st, msg, each), msg.sender)
+            elif isinstance(st.fences, SenderWindows):
+                st.fences.push(values, t, msg.sender)
             else:
                 st.fences.push(values, t)
         elif not np.isinf(values).any():  # only a relation is missing (NaN): the pooled baseline still learns

@@ -10,7 +10,7 @@ import collections
 import numpy as np
 
 from sentinel.detectors.baseline import Baseline, Fences, SenderMedianBaseline
-from sentinel.detectors.calibration import TailCalibrator
+from sentinel.detectors.calibration import SenderWindows
 from sentinel.detectors.distances import DISTANCES, MAGNITUDES
 from sentinel.detectors.replay import ReplayMemory
 from sentinel.detectors.tokens import RELATION_STATS, IdRelation
@@ -46,7 +46,7 @@ class Stream:
         else:
             self.baseline = Baseline(beta, beta_var, keep_full=keep_full)
         self.names: tuple[str, ...] = ()  # the statistics this stream computes (set by its first message)
-        self.fences: Fences | None = None
+        self.fences: Fences | SenderWindows | None = None
         self.ids: IdRelation | None = None  # the first stage's input is token ids: their running mean outputs
         self.replays = ReplayMemory(cfg.replay_memory) if cfg.replay_memory else None
         self.flags = 0
@@ -61,7 +61,7 @@ class Stream:
         self.pooled = tuple(n for n in names if n in DISTANCES)
         self.relation = np.array([n in RELATION_STATS for n in names])
         if cfg.combine == "calibrated":
-            self.fences = TailCalibrator(names, cfg.window, fence_logs(cfg, names), recent=cfg.recent)
+            self.fences = SenderWindows(names, cfg.window, fence_logs(cfg, names), recent=cfg.recent)
         else:
             self.fences = Fences(names, cfg.window, cfg.k, log=fence_logs(cfg, names))
 

@@ -128,9 +128,9 @@ class DetectorView:
         det = self._detectors.get(int(boundary))
         return det.thresholds(boundary, role) if det is not None else {}
 
-    def scores(self, boundary: int, role, payload: torch.Tensor) -> dict[str, float]:
+    def scores(self, boundary: int, role, payload: torch.Tensor, sender: str | None = None) -> dict[str, float]:
         det = self._detectors.get(int(boundary))
-        return det.scores(boundary, role, payload) if det is not None else {}
+        return det.scores(boundary, role, payload, sender) if det is not None else {}
 
     def public_state(self) -> dict:
         return {f"boundary/{b}": det.public_state() for b, det in sorted(self._detectors.items())}
@@ -188,6 +188,7 @@ def make_env(scenario, mesh: MeshControl | None = None, recompute=None, inputs=N
         substitutes=substitutes,
         sender_inputs=inputs,
         zeroed_roles=frozenset(role for role, codec in build_codecs(scenario.transport).items() if codec.zeroes_tokens),
+        cohort=mesh.cohort if mesh is not None else None,
     )
 
 

@@ -201,6 +201,21 @@ def test_the_message_cap_is_strict_only_while_the_stage_drifts(peers_p, banned_a
     assert _bans(mesh) == ([] if banned_after is None else ["s1r0"])
 
 
+def test_a_stage_is_not_drifting_on_one_ordinary_pvalue():
+    """The first judged step holds one message per replica: an honest p = 0.33 (0.12 nats above a uniform p's mean,
+    an eighth of one message's standard deviation) made the paper table's stage 1 "drift" (seed 4, random signs on
+    gradients), the strict cap held the attacker for a step, and its disturbance then raised its peers' statistics
+    over the guard: banned 13 steps in instead of 1. The majority has to stand out beyond one standard error of its
+    own messages: the stage is quiet, and two extreme messages ban at once."""
+    r, mesh = _responder()
+    strong = Verdict({}, False, pvalue=1e-16)
+    r.end_step(0, [(_msg(0, 0, 1, "s1r1"), Verdict({}, False, pvalue=1.0)),
+                   (_msg(0, 1, 1, "s1r0"), Verdict({}, False, pvalue=0.33)),
+                   (_msg(0, 2, 1, "s1r2"), strong)])  # fmt: skip
+    r.end_step(1, [(_msg(1, 0, 1, "s1r2"), strong), (_msg(1, 1, 1, "s1r2"), strong)])
+    assert _bans(mesh) == ["s1r2"] and r.banned["s1r2"] == 1
+
+
 def test_one_peers_moderate_pvalues_do_not_make_a_small_stage_drift():
     """Quiet is judged on the median of the stage's recent messages. A sparse attacker (one extreme message and one
     honest one a step) whose peer sends p = 1e-3 every other step (its mean over five steps +2.3 nats above a uniform

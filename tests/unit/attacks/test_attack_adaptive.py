@@ -42,9 +42,9 @@ class CountingView(ReferenceView):
         super().__init__(*a, **k)
         self.calls = {"scores": 0, "thresholds": 0}
 
-    def scores(self, boundary, role, payload):
+    def scores(self, boundary, role, payload, sender=None):
         self.calls["scores"] += 1
-        return super().scores(boundary, role, payload)
+        return super().scores(boundary, role, payload, sender)
 
     def thresholds(self, boundary, role):
         self.calls["thresholds"] += 1

@@ -159,3 +159,25 @@ def test_an_outlier_over_the_senders_budget_is_not_learned_at_all():
     cal.push_judged(t, cal.last_p, capped=False)
     assert np.array_equal(cal._sorted[0, : cal.count], before)  # the same values: nothing learned, nothing left
     assert 0.25 in cal._sorted[1, : cal.count]
+
+
+def test_each_sender_is_judged_against_its_peers_values():
+    """An accepted sender's values teach the pooled windows and its peers' windows, never its own: a sender sending
+    moderately high values keeps being far out against its peers, while the pooled window learns it."""
+    from sentinel.detectors.calibration import SenderWindows
+
+    rng = np.random.default_rng(6)
+    win = SenderWindows(("a",), 200, (False,), recent=60)
+    for i in range(300):
+        sender = ("h1", "h2", "x")[i % 3]
+        v = np.array([rng.normal() + (4.0 if sender == "x" else 0.0)])
+        win.push(v, sender=sender)
+    t = np.array([4.0])
+    assert win.pvalues(t, "x", loo=True)[0] < 1e-3  # against h1's and h2's values
+    assert win.pvalues(t, "x", loo=False)[0] > 0.05  # the pooled window: a third of it is x's
+    assert win.pvalues(t, "h1", loo=True)[0] > 0.05  # h1's reference holds x's values
+    for s in ("h1", "h2"):
+        assert win.reference(s, True) is win.others[s]
+    assert win.reference("new", True) is win.pooled and "new" not in win.others  # judging creates nothing
+    win.push(np.array([0.0]), sender="new")  # first seen: a copy of the pooled windows, then its peers' values only
+    assert win.others["new"].pushed == win.pooled.pushed - 1

@@ -85,15 +85,16 @@ def test_flagged_messages_never_update_state():
     det = small()
     feed(det, 20)
     st = det._streams[(0, 1)]
-    before = (st.baseline.n, st.baseline._m.copy(), st.fences._pos)
-    top = st.fences._sorted[:, st.fences.count - 1].copy()  # each window's largest value
+    win = st.fences.pooled
+    before = (st.baseline.n, st.baseline._m.copy(), win.pushed)
+    top = win._sorted[:, win.count - 1].copy()  # each window's largest value
     assert det.observe(msg(20, 0, honest(20, 0) * 50)).flagged
     assert st.baseline.n == before[0] and np.array_equal(st.baseline._m, before[1])  # the baseline never learns it
     # the windows learn it once, capped at their largest value: how far out it was stays unknown to them
-    assert st.fences._pos == (before[2] + 1) % st.fences.window
-    assert (st.fences._sorted[:, : st.fences.count].max(1) <= top).all()
+    assert win.pushed == before[2] + 1
+    assert (win._sorted[:, : win.count].max(1) <= top).all()
     assert det.observe(msg(20, 1, honest(20, 1) * 50)).flagged
-    assert st.fences._pos == (before[2] + 1) % st.fences.window  # the same sender within FLAG_MEMORY steps: no
+    assert win.pushed == before[2] + 1  # the same sender within FLAG_MEMORY steps: no
 
 
 def test_scores_are_pure_and_match_observe():
@@ -101,9 +102,12 @@ def test_scores_are_pure_and_match_observe():
     feed(det, 20)
     x = honest(20, 1) * 2
     before = det.public_state()
-    s1 = det.scores(0, Role.GRADIENT, x)
-    s2 = det.scores(0, Role.GRADIENT, x)
+    s1 = det.scores(0, Role.GRADIENT, x, "s1r0")
+    s2 = det.scores(0, Role.GRADIENT, x, "s1r0")
     assert s1 == s2 and det.public_state() == before
+    pooled = det.scores(0, Role.GRADIENT, x)  # the stream's pooled windows, s1r0's own values included
+    same = {k: v for k, v in s1.items() if k != "evidence"}
+    assert {k: v for k, v in pooled.items() if k != "evidence"} == same and pooled["evidence"] != s1["evidence"]
     v = det.observe(msg(20, 1, x))
     assert {k: v.scores[k] for k in s1} == pytest.approx(s1)
 
@@ -261,4 +265,25 @@ def test_the_recent_window_is_off_at_zero_and_needs_a_tail_to_fit():
     assert "recent" not in dict(Sentinel.check_config(Sentinel.Config(recent=0)))
     det = small(recent=0)
     feed(det, 6)
-    assert det._streams[(0, int(Role.GRADIENT))].fences.recent == 0
+    assert det._streams[(0, int(Role.GRADIENT))].fences.pooled.recent == 0
+
+
+@pytest.mark.parametrize("replicas, lagging", [(3, False), (2, False), (3, True)])
+def test_a_sender_is_judged_against_its_peers_windows_from_three_exchangeable_replicas(replicas, lagging):
+    """A sender whose every message is moderately out teaches the pooled windows its own values (a third of them), and
+    stops looking out; judged against its peers' windows it keeps being flagged. With two live replicas a sender's
+    peers' windows would be one peer's traffic, and an async straggler differs from its peers honestly (its cohort,
+    `DetectorEnv.cohort`, holds it alone): the pooled windows judge."""
+    from sentinel.detectors.base import DetectorEnv
+
+    senders = ("s1r0", "s1r1", "s1r2")
+    live = list(senders[:replicas])
+    env = DetectorEnv(live_replicas=lambda s: live, cohort=(lambda w: w == "s1r2") if lagging else None)
+    det = Sentinel(Sentinel.Config(warmup_steps=5, window=64), seed=0, env=env)
+    feed(det, 20, senders=senders)
+    flags = 0
+    for s in range(20, 60):
+        for m in (0, 1):  # its peers keep sending (and teaching) as before
+            det.observe(msg(s, m, honest(s, m), sender=senders[m]))
+        flags += det.observe(msg(s, 2, honest(s, 2) * 1.6, sender="s1r2")).flagged
+    assert (flags >= 30) if replicas == 3 and not lagging else (flags <= 10)
