@@ -109,6 +109,11 @@ LOO_SENDERS = 3  # a sender is judged against its peers' traffic alone from this
 MIN_EVIDENCE = 40  # accepted values a window needs before its p-values feed the sequential test (8 above Q80)
 
 
+def sender_stage(boundary: int, role) -> int:
+    """The stage that sends a message across `boundary`: activations go b -> b + 1, gradients b + 1 -> b."""
+    return int(boundary) if int(role) == int(Role.ACTIVATION) else int(boundary) + 1
+
+
 @DETECTORS.register("sentinel")
 class Sentinel(Detector):
     """SENTINEL: EMA baselines per boundary and direction, distances, adaptive Tukey fences (default detector).
@@ -437,7 +442,7 @@ class Sentinel(Detector):
         without a mesh view: the senders the stream has seen). An async straggler, or a replica whose weights diverge
         from its peers' (sparse averaging), differs from them honestly: it keeps the pooled windows, which hold its
         own values too."""
-        stage = int(boundary) if int(role) == int(Role.ACTIVATION) else int(boundary) + 1
+        stage = sender_stage(boundary, role)
         live = self.env.live_replicas(stage) if self.env.live_replicas is not None else None
         if live is None:
             return len(getattr(st.fences, "others", ())) >= LOO_SENDERS
@@ -476,7 +481,7 @@ class Sentinel(Detector):
             return self._accept(st, sig, lay, msg, values, d, t)  # sequential test no evidence (still logged)
         if st.fences.count < MIN_EVIDENCE:  # a tail fitted to so few values is no evidence to accumulate
             p = p_rel = None
-        stage = msg.boundary if msg.role == Role.ACTIVATION else msg.boundary + 1  # the sender's stage
+        stage = sender_stage(msg.boundary, msg.role)
         latest = e if np.isfinite(e) else np.inf
         st.recent[msg.sender] = (msg.step, latest)
         st.remember(msg.step, latest, self._feeders(msg), self.config.consensus_horizon)
