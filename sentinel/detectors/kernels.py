@@ -5,6 +5,9 @@ CPU caches, so each numpy call there costs 5-15 us whatever its size (2-3 us in 
 signature was about 30 of them. These loops replace the ~20 calls of the token clipping, sampling,
 pooled mean and moments with two, and the ~20 of the distances with one; the SENTINEL verifier's time
 per step in the benchmark pipeline went from 17-19 ms to 15-17 ms (`sentinel bench`, `detector_overhead`).
+The token relation (`relation`: align, the gains, the match over pairs and over neighbours) is one call for what
+were three, its cosines over pairs one BLAS product per block of rows: 378 -> 311 us per 512 x 128 message inside
+training, the verifier's time per step in the benchmark 20.9 -> 18.9 ms (2026-12-05, issue-18 note, stop 39).
 
 The signature loops are bit-for-bit the numpy computation they replace: float32 throughout, sums
 accumulated row after row as `np.add.reduce(x, axis=0)` does on a C-ordered array, no fused multiply-add
@@ -147,54 +150,90 @@ def all_distances(
     out[5] = 1.0 - sb / (1e-30 if den < 1e-30 else den)
 
 
+@numba.njit(cache=True, nogil=True, inline="always")
+def match_gap(own, other, floor):  # pragma: no cover - compiled
+    """log(max(1 - own, floor)) - log(max(1 - other, floor)): how many times better the best other input explains a
+    token than its own (`tokens.match`)."""
+    return np.log(max(1.0 - np.float64(own), floor)) - np.log(max(1.0 - np.float64(other), floor))
+
+
 @numba.njit(cache=True, nogil=True, fastmath=True)
-def sampled_means(y, r, start, stride):  # pragma: no cover - compiled
-    """(per-feature means of y and of r over rows start, start + stride, ..., the number of those rows): float64."""
+def relation(y, r, out, skip_zero, m_start, m_stride, reach, floor, typical, block):  # pragma: no cover - compiled
+    """How a stage's output tokens relate to its input tokens, token by token (see `tokens.py`), in one call.
+
+    y, r (N, C) float32: the message's tokens and the sender's input tokens, row i of both being the same token.
+    Writes, by the length of `out`:
+      out[0] = 1 - mean_i cos_i, out[1] = 1 - min_i cos_i (align, align_tail): both centred by their own per-feature
+        mean over every row, cos_i = <y_i, r_i> / (|y_i| |r_i|) over the rows of non-zero centred vectors (both 1
+        when none qualifies: a constant message);
+      out[2] = max_i (m - g_i), out[3] = max_i (g_i - m) (gain_low, gain_high; with four entries or more):
+        g_i = log(|y_i| / |r_i|) on the tokens as sent (not centred), m the median gain, over the rows with r_i != 0
+        (a zeroed token: g_i ~ -69; 0 when none); out[3] only over the rows that received a typical magnitude,
+        |r_i|^2 <= TYPICAL_RECEIVED x the median |r_j|^2 (see `tokens.py`);
+      out[4] = the match over every pair of rows m_start, m_start + m_stride, ... (with five entries): both centred
+        by their own per-feature mean over those rows, each row scaled to unit length (float32; rows of zero centred
+        norm in either left out), then max_i of log(max(1 - cos(y_i, r_i), floor)) - log(max(1 - max_j cos(y_i,
+        r_j), floor)), j != i among the rows that received at most `typical` x their median |r|^2 (as sent;
+        `typical` <= 0: all); 0.0 with fewer than two rows. Its cosines are BLAS products of at most `block`
+        multiply-adds each (`distances.BLAS_SINGLE_THREAD_MNK`: OpenBLAS computes those in the calling thread).
+    Returns the local match (`reach` > 0 and five entries; else -inf): the same over every row, centred by the
+    means over every row, with the candidates j restricted to the rows at most `reach` positions away (N 2 reach C
+    work: every output token against its neighbours' inputs, where a copied token comes from; 0.0 with fewer than
+    two rows). The unit input rows live in a ring of 2 reach + 1 rows (a normalised copy of a whole 4096 x 1024
+    message cost 16 of 23 ms in allocation alone).
+
+    `skip_zero`: a token exactly zero in y or in r (a codec dropped it whole, `DetectorEnv.zeroed_roles`) takes no
+    part in the cosines and the gains (it still counts in the means). float64 sums; `fastmath` (reassociated sums,
+    vectorised dot products) is fine: nothing here needs to match another computation bit for bit. One compiled call
+    for what were three: between training operations each call costs its own cold start (see the module docstring).
+    """
     n, C = y.shape
+    pairs = out.shape[0] > 4
+    local = pairs and reach > 0
+    # the means: over every row, and over the match's rows
     my = np.zeros(C)
     mr = np.zeros(C)
+    sy = np.zeros(C)
+    sr = np.zeros(C)
     m = 0
-    for i in range(start, n, stride):
-        m += 1
+    for i in range(n):
         for c in range(C):
             my[c] += y[i, c]
             mr[c] += r[i, c]
+        if pairs and i >= m_start and (i - m_start) % m_stride == 0:
+            m += 1
+            for c in range(C):
+                sy[c] += y[i, c]
+                sr[c] += r[i, c]
     for c in range(C):
-        my[c] /= m
-        mr[c] /= m
-    return my, mr, m
-
-
-@numba.njit(cache=True, nogil=True, fastmath=True)
-def relation(y, r, start, stride, out, skip_zero=False):  # pragma: no cover - compiled
-    """How a stage's output tokens relate to its input tokens, token by token (see `tokens.py`).
-
-    y, r (N, C) float32: the message's tokens and the sender's input tokens, row i of both being the same
-    token (sequence position of the same sequence); rows start, start + stride, ... are used (`tokens.relation`
-    passes 0, 1: every token). Both are centred by their own per-feature mean over those rows; for every
-    such token with non-zero centred vectors, cos_i = <y_i, r_i> / (|y_i| |r_i|). Writes out[0] = 1 - mean_i
-    cos_i and out[1] = 1 - min_i cos_i (both 1 when no token qualifies: a constant message) and, when `out` has
-    four entries, out[2] = max_i (m - g_i) and out[3] = max_i (g_i - m), g_i = log(|y_i| / |r_i|) the token's gain on
-    the tokens as sent (not centred) and m the median gain, over the tokens with r_i != 0 (a zeroed token: g_i ~ -69;
-    0 when none); out[3] only over the tokens that received a typical magnitude, |r_i|^2 <= TYPICAL_RECEIVED x the
-    median |r_j|^2 (see `tokens.py`). `skip_zero`: a token exactly zero in y or in r (a codec dropped it whole,
-    `DetectorEnv.zeroed_roles`) takes no part in the cosines and the gains (it still counts in the means). float64 sums;
-    `fastmath` (reassociated sums) is fine: nothing here needs to match another computation bit for bit.
-    """
-    n, C = y.shape
-    my, mr, m = sampled_means(y, r, start, stride)
+        my[c] /= n
+        mr[c] /= n
+        if m > 0:
+            sy[c] /= m
+            sr[c] /= m
+    sy32 = sy.astype(np.float32)  # the unit rows are float32: so is their arithmetic (it vectorises)
+    sr32 = sr.astype(np.float32)
     total = 0.0
     low = 1.0
     count = 0
-    gains = np.empty((n - start + stride - 1) // stride)
-    received = np.empty_like(gains)  # |r_i|^2 of the same tokens
+    gains = np.empty(n)
+    received = np.empty(n)  # |r_i|^2 as sent, of the rows with a gain
     m_gain = 0
-    for i in range(start, n, stride):
+    inv_y = np.zeros(n if local else 0)  # 1 / centred norm of each row (0: left out of the local match)
+    inv_r = np.zeros(n if local else 0)
+    as_sent = np.empty(n if local else 0)  # |r_i|^2 by row
+    kept_sq = np.empty(n if local else 0)  # the same of the rows kept, for their median
+    k_local = 0
+    yn = np.empty((m, C), dtype=np.float32)  # the match's rows, unit and centred
+    rn = np.empty((m, C), dtype=np.float32)
+    pair_sq = np.empty(m)  # |r_i|^2 as sent, of the match rows kept
+    k = 0
+    for i in range(n):
         dot = 0.0
         ny = 0.0
         nr = 0.0
-        sy = 0.0
-        sr = 0.0
+        s_y = 0.0
+        s_r = 0.0
         for c in range(C):
             yv = np.float64(y[i, c])
             rv = np.float64(r[i, c])
@@ -203,13 +242,36 @@ def relation(y, r, start, stride, out, skip_zero=False):  # pragma: no cover - c
             dot += a * b
             ny += a * a
             nr += b * b
-            sy += yv * yv
-            sr += rv * rv
-        if skip_zero and (sy == 0.0 or sr == 0.0):
+            s_y += yv * yv
+            s_r += rv * rv
+        if local:
+            as_sent[i] = s_r
+            if ny > 0.0 and nr > 0.0:
+                inv_y[i] = 1.0 / np.sqrt(ny)
+                inv_r[i] = 1.0 / np.sqrt(nr)
+                kept_sq[k_local] = s_r
+                k_local += 1
+        if pairs and i >= m_start and (i - m_start) % m_stride == 0:
+            py = 0.0
+            pr = 0.0
+            for c in range(C):
+                a = np.float64(y[i, c]) - sy[c]
+                b = np.float64(r[i, c]) - sr[c]
+                py += a * a
+                pr += b * b
+            if py > 0.0 and pr > 0.0:
+                pair_sq[k] = s_r
+                iy = np.float32(1.0 / np.sqrt(py))
+                ir = np.float32(1.0 / np.sqrt(pr))
+                for c in range(C):
+                    yn[k, c] = (y[i, c] - sy32[c]) * iy
+                    rn[k, c] = (r[i, c] - sr32[c]) * ir
+                k += 1
+        if skip_zero and (s_y == 0.0 or s_r == 0.0):
             continue
-        if sr > 0.0:
-            gains[m_gain] = 0.5 * (np.log(sy + 1e-60) - np.log(sr))
-            received[m_gain] = sr
+        if s_r > 0.0:
+            gains[m_gain] = 0.5 * (np.log(s_y + 1e-60) - np.log(s_r))
+            received[m_gain] = s_r
             m_gain += 1
         if ny > 0.0 and nr > 0.0:
             cs = dot / np.sqrt(ny * nr)
@@ -228,135 +290,71 @@ def relation(y, r, start, stride, out, skip_zero=False):  # pragma: no cover - c
         high = 0.0
         if m_gain > 0:
             mid = np.median(gains[:m_gain])
-            typical = TYPICAL_RECEIVED * np.median(received[:m_gain])
+            limit = TYPICAL_RECEIVED * np.median(received[:m_gain])
             for j in range(m_gain):
                 if mid - gains[j] > low:
                     low = mid - gains[j]
-                if gains[j] - mid > high and received[j] <= typical:
+                if gains[j] - mid > high and received[j] <= limit:
                     high = gains[j] - mid
         out[2] = low
         out[3] = high
-
-
-@numba.njit(cache=True, nogil=True, fastmath=True, inline="always")
-def row_norms(y, r, i, my, mr):  # pragma: no cover - compiled
-    """(|y_i - my|^2, |r_i - mr|^2, |r_i|^2) of row i, in float64: the centred norms `match` and `local_match` scale
-    by, and what the row received as sent."""
-    ny = 0.0
-    nr = 0.0
-    sr = 0.0
-    for c in range(y.shape[1]):
-        a = np.float64(y[i, c]) - my[c]
-        b = np.float64(r[i, c]) - mr[c]
-        ny += a * a
-        nr += b * b
-        sr += np.float64(r[i, c]) * np.float64(r[i, c])
-    return ny, nr, sr
-
-
-@numba.njit(cache=True, nogil=True, inline="always")
-def match_gap(own, other, floor):  # pragma: no cover - compiled
-    """log(max(1 - own, floor)) - log(max(1 - other, floor)): how many times better the best other input explains a
-    token than its own (`tokens.match`)."""
-    return np.log(max(1.0 - np.float64(own), floor)) - np.log(max(1.0 - np.float64(other), floor))
-
-
-@numba.njit(cache=True, nogil=True, fastmath=True)
-def match(y, r, start, stride, floor, typical):  # pragma: no cover - compiled
-    """`tokens.match` on rows start, start + stride, ... of y, r (N, C) float32: both centred by their own per-feature
-    mean over those rows (float64 sums), each row scaled to unit length (float32; rows of zero centred norm in either
-    are left out), then for every row i the best cosine of y_i with another row's r_j among the rows that received at
-    most `typical` x the median |r|^2 (as sent, not centred; `typical` <= 0: all); returns max_i of
-    log(max(1 - cos(y_i, r_i), floor)) - log(max(1 - max_j cos(y_i, r_j), floor)), 0.0 with fewer than two rows.
-    `fastmath` vectorises the dot products; nothing here needs to match another computation bit for bit."""
-    n, C = y.shape
-    my, mr, m = sampled_means(y, r, start, stride)
-    yn = np.empty((m, C), dtype=np.float32)
-    rn = np.empty((m, C), dtype=np.float32)
-    received = np.empty(m)  # |r_i|^2 as received (not centred), of the rows kept
-    k = 0
-    for i in range(start, n, stride):
-        ny, nr, sr = row_norms(y, r, i, my, mr)
-        if ny > 0.0 and nr > 0.0:
-            received[k] = sr
-            inv_y = 1.0 / np.sqrt(ny)
-            inv_r = 1.0 / np.sqrt(nr)
-            for c in range(C):
-                yn[k, c] = np.float32((np.float64(y[i, c]) - my[c]) * inv_y)
-                rn[k, c] = np.float32((np.float64(r[i, c]) - mr[c]) * inv_r)
-            k += 1
-    if k < 2:
+    if pairs:
+        best = 0.0
+        if k >= 2:
+            limit = typical * np.median(pair_sq[:k]) if typical > 0.0 else np.inf
+            best = -np.inf
+            cols = np.ascontiguousarray(rn[:k].T)  # C, k
+            rows = max(1, min(k, block // (k * C)))  # BLAS products small enough to stay in this thread
+            gram = np.empty((rows, k), dtype=np.float32)
+            for i0 in range(0, k, rows):
+                i1 = min(k, i0 + rows)
+                gram[: i1 - i0] = np.dot(yn[i0:i1], cols)
+                for i in range(i0, i1):
+                    g = gram[i - i0]
+                    other = np.float32(-2.0)
+                    for j in range(k):
+                        if j != i and pair_sq[j] <= limit and g[j] > other:
+                            other = g[j]
+                    gap = match_gap(g[i], other, floor)
+                    if gap > best:
+                        best = gap
+        out[4] = best
+    if not local:
+        return -np.inf
+    if k_local < 2:
         return 0.0
-    limit = typical * np.median(received[:k]) if typical > 0.0 else np.inf
-    best = -np.inf
-    for i in range(k):
-        own = np.float32(0.0)
-        for c in range(C):
-            own += yn[i, c] * rn[i, c]
-        other = np.float32(-2.0)
-        for j in range(k):
-            if j != i and received[j] <= limit:
-                d = np.float32(0.0)
-                for c in range(C):
-                    d += yn[i, c] * rn[j, c]
-                if d > other:
-                    other = d
-        gap = match_gap(own, other, floor)
-        if gap > best:
-            best = gap
-    return best
-
-
-@numba.njit(cache=True, nogil=True, fastmath=True)
-def local_match(y, r, reach, floor, typical):  # pragma: no cover - compiled
-    """`match` over every row of y, r (N, C) float32 with the candidates j restricted to the rows at most `reach`
-    positions away (|j - i| <= reach, j != i): both centred by their own per-feature mean over all rows, rows of zero
-    centred norm left out, candidates among the rows that received at most `typical` x the median |r|^2 (as sent).
-    N (2 reach) C work: every output token is compared with its neighbours' inputs, where a copied token comes from
-    (`tokens.relation`); 0.0 with fewer than two rows. The unit input rows live in a ring of 2 reach + 1 rows (a
-    normalised copy of the whole message cost 16 of 23 ms at 4096 x 1024 in allocation alone)."""
-    n, C = y.shape
-    my, mr, _ = sampled_means(y, r, 0, 1)
-    inv_y = np.zeros(n)  # 1 / centred norm of each row (0: left out)
-    inv_r = np.zeros(n)
-    received = np.empty(n)  # |r_i|^2 as received (not centred), by row
-    kept_sq = np.empty(n)  # the same of the rows kept, for their median
-    k = 0
-    for i in range(n):
-        ny, nr, sr = row_norms(y, r, i, my, mr)
-        received[i] = sr
-        if ny > 0.0 and nr > 0.0:
-            inv_y[i] = 1.0 / np.sqrt(ny)
-            inv_r[i] = 1.0 / np.sqrt(nr)
-            kept_sq[k] = sr
-            k += 1
-    if k < 2:
-        return 0.0
-    limit = typical * np.median(kept_sq[:k]) if typical > 0.0 else np.inf
+    limit = typical * np.median(kept_sq[:k_local]) if typical > 0.0 else np.inf
     W = 2 * reach + 1
-    rn = np.empty((W, C), dtype=np.float32)  # unit centred input rows j - reach .. j + reach, row j at j % W
-    yn = np.empty(C, dtype=np.float32)
+    ring = np.empty((W, C), dtype=np.float32)  # unit centred input rows j - reach .. j + reach, row j at j % W
+    unit = np.empty(C, dtype=np.float32)
+    my32 = my.astype(np.float32)  # float32 from here: the unit rows are float32 anyway, and it vectorises
+    mr32 = mr.astype(np.float32)
     filled = 0  # rows below this are in the ring (or were)
     best = -np.inf
     for i in range(n):
         while filled < n and filled <= i + reach:
             if inv_r[filled] > 0.0:
+                row = filled % W
+                scale = np.float32(inv_r[filled])
                 for c in range(C):
-                    rn[filled % W, c] = np.float32((np.float64(r[filled, c]) - mr[c]) * inv_r[filled])
+                    ring[row, c] = (r[filled, c] - mr32[c]) * scale
             filled += 1
         if inv_y[i] == 0.0:
             continue
+        scale = np.float32(inv_y[i])
         for c in range(C):
-            yn[c] = np.float32((np.float64(y[i, c]) - my[c]) * inv_y[i])
+            unit[c] = (y[i, c] - my32[c]) * scale
         own = np.float32(0.0)
+        row = i % W
         for c in range(C):
-            own += yn[c] * rn[i % W, c]
+            own += unit[c] * ring[row, c]
         other = np.float32(-2.0)
         for j in range(max(0, i - reach), min(n, i + reach + 1)):
-            if j != i and inv_y[j] > 0.0 and received[j] <= limit:
+            if j != i and inv_y[j] > 0.0 and as_sent[j] <= limit:
                 d = np.float32(0.0)
+                row = j % W
                 for c in range(C):
-                    d += yn[c] * rn[j % W, c]
+                    d += unit[c] * ring[row, c]
                 if d > other:
                     other = d
         gap = match_gap(own, other, floor)

@@ -55,7 +55,7 @@ there). Two honest exceptions shaped the definition:
 Not on the first stage (no input vectors) nor the last stage's gradients (none received). m^2 C multiply-adds per
 message, m the sampled tokens (`max_tokens`), at most MATCH_TOKENS of them (with `max_tokens: null`, every k-th); on a
 message of N tokens that leaves some out, also N 2 MATCH_REACH C: every token against the inputs of its MATCH_REACH
-(4) neighbours on each side (`kernels.local_match`), where a copied token most often comes from. A copy's token and
+(4) neighbours on each side (the local match of `kernels.relation`), where a copied token most often comes from. A copy's token and
 its source both had to be in the sample before: a quarter of the 256-token messages of a BPE model (8 layers x 64,
 a 4 x 4 mesh) under the default `max_tokens`, and a one-token copy from up to three positions back took 11.8 steps to
 ban on average (seeds 31-38; 4.5-17.5, one attacker never banned); with every token in view, 3.0 (2.0-5.5), and three
@@ -93,6 +93,7 @@ import numpy as np
 import torch
 
 from sentinel.detectors.calibration import LOG_FLOOR
+from sentinel.detectors.distances import BLAS_SINGLE_THREAD_MNK as BLOCK
 
 TOKEN_STATS = ("token_norm", "align", "align_tail", "gain_low", "gain_high", "match")
 GAIN_STATS = ("gain_low", "gain_high")
@@ -141,7 +142,7 @@ def relation(
     5 entries); False (out untouched) when there is no comparable reference (none, token ids, another shape).
     align, align_tail and the gains read every token (N C work); match compares every pair of the tokens the
     signature's moments sample (every s-th from `offset`, s = ceil(N / max_tokens); at most MATCH_TOKENS of them) and,
-    when that leaves tokens out, also every token with its MATCH_REACH neighbours on each side (`local_match`).
+    when that leaves tokens out, also every token with its MATCH_REACH neighbours on each side (the local match).
     `skip_zero`: tokens exactly zero in the payload or the reference are left out of align, align_tail and the
     gains (traffic whose codec drops tokens whole: `DetectorEnv.zeroed_roles`)."""
     if not has_reference(payload, reference):
@@ -150,15 +151,16 @@ def relation(
 
     y, r = _tokens(payload), _tokens(reference)
     n = y.shape[0]
-    kernels.relation(y, r, 0, 1, out, skip_zero)
+    start, stride, reach = 0, 1, 0
     if out.shape[0] > 4:  # m^2 C work: at most MATCH_TOKENS of the sampled tokens (every k-th of them)
         stride = 1 if max_tokens is None or n <= max_tokens else -(-n // max_tokens)
         m = len(range(offset % stride, n, stride))
         stride *= -(-m // MATCH_TOKENS)
-        out[4] = match(y, r, offset % stride, stride)
-        if stride > 1:  # tokens left out of the pairs: each one against its neighbours (N 2 MATCH_REACH C work)
-            reach = kernels.local_match(y, r, MATCH_REACH, MATCH_FLOOR, kernels.TYPICAL_RECEIVED)
-            out[4] = max(out[4], reach)
+        start = offset % stride
+        reach = MATCH_REACH if stride > 1 else 0  # tokens left out of the pairs: each against its neighbours
+    local = kernels.relation(y, r, out, skip_zero, start, stride, reach, MATCH_FLOOR, kernels.TYPICAL_RECEIVED, BLOCK)
+    if reach:
+        out[4] = max(out[4], local)
     return True
 
 
@@ -170,7 +172,9 @@ def match(y: np.ndarray, r: np.ndarray, start: int = 0, stride: int = 1) -> floa
     with fewer than two tokens of non-zero centred norm)."""
     from sentinel.detectors import kernels
 
-    return float(kernels.match(y, r, start, stride, MATCH_FLOOR, kernels.TYPICAL_RECEIVED))
+    out = np.empty(5)
+    kernels.relation(y, r, out, False, start, stride, 0, MATCH_FLOOR, kernels.TYPICAL_RECEIVED, BLOCK)
+    return float(out[4])
 
 
 def sample_rows(n: int, max_tokens: int | None, offset: int) -> slice:

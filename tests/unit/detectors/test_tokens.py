@@ -64,7 +64,10 @@ def test_relation_needs_a_comparable_float_reference():
     assert not relation(y, None, out) and not relation(y, r[:, :8], out)
     assert not relation(y, torch.zeros(4, 16, dtype=torch.long), out)  # token ids (the first stage's input)
     assert (out == -1.0).all()
-    kernels.relation(np.zeros((6, 4), np.float32), np.ones((6, 4), np.float32), 0, 1, out)  # constant: no direction
+    const = (np.zeros((6, 4), np.float32), np.ones((6, 4), np.float32))
+    kernels.relation(
+        *const, out, False, 0, 1, 0, MATCH_FLOOR, kernels.TYPICAL_RECEIVED, 1 << 18
+    )  # constant: no direction
     assert out.tolist() == [1.0, 1.0]
 
 
@@ -100,7 +103,7 @@ def test_a_single_flipped_token_moves_the_tail():
 
 def reference_match(y: np.ndarray, r: np.ndarray, reach: int | None = None) -> float:
     """`tokens.match` in float64 over every token; with `reach`, each output token only against the inputs at most
-    `reach` positions away (`kernels.local_match`)."""
+    `reach` positions away (the local match of `kernels.relation`)."""
     y, r = y.reshape(-1, y.shape[-1]).astype(np.float64), r.reshape(-1, r.shape[-1]).astype(np.float64)
     yc, rc = y - y.mean(0), r - r.mean(0)
     ny, nr = np.linalg.norm(yc, axis=1), np.linalg.norm(rc, axis=1)
@@ -143,9 +146,14 @@ def test_match_kernel_is_the_numpy_definition(seed):
     assert relation(y, r, out, max_tokens=32, offset=6)  # 128 tokens: every pair of every 4th from 2, and each
     want = reference_match(y.reshape(-1, 32)[2::4].numpy(), r.reshape(-1, 32)[2::4].numpy())  # token's neighbours
     local = reference_match(y.numpy(), r.numpy(), MATCH_REACH)
-    assert kernels.local_match(
-        y.view(-1, 32).numpy(), r.view(-1, 32).numpy(), MATCH_REACH, MATCH_FLOOR, kernels.TYPICAL_RECEIVED
-    ) == pytest.approx(local, abs=1e-4)
+    flat_y, flat_r, five = y.view(-1, 32).numpy(), r.view(-1, 32).numpy(), np.empty(5)
+    got = kernels.relation(
+        flat_y, flat_r, five, False, 2, 4, MATCH_REACH, MATCH_FLOOR, kernels.TYPICAL_RECEIVED, 1 << 18
+    )
+    assert got == pytest.approx(local, abs=1e-4) and five[4] == pytest.approx(want, abs=1e-4)
+    one_row = np.empty(5)  # the pairs' cosines one BLAS product per row: the same match
+    kernels.relation(flat_y, flat_r, one_row, False, 2, 4, MATCH_REACH, MATCH_FLOOR, kernels.TYPICAL_RECEIVED, 1)
+    assert one_row[4] == pytest.approx(five[4], abs=1e-6)
     assert out[4] == pytest.approx(max(want, local), abs=1e-4)
     assert relation(y, r, out)  # all 128 in the pairs: no neighbours' pass (every pair holds them)
     assert out[4] == pytest.approx(reference_match(y.numpy(), r.numpy()), abs=1e-4)
@@ -180,7 +188,7 @@ def test_a_token_copied_from_its_neighbour_moves_the_match_not_the_tail(seed):
 @pytest.mark.parametrize("seed", range(3))
 def test_a_token_copied_from_a_neighbour_outside_the_sample_moves_the_match(seed):
     """On a message longer than `max_tokens`, a copy whose token or source the sample leaves out is still seen: every
-    token is compared with its neighbours' inputs (`local_match`, MATCH_REACH positions each side)."""
+    token is compared with its neighbours' inputs (the local match, MATCH_REACH positions each side)."""
     y, r = smooth_pair(seed, shape=(4, 64, 32))  # 256 tokens; max_tokens 64: pairs of every 4th from offset % 4
     t = y.clone()
     t[1, 10] = y[1, 7]  # flat row 74 (74 % 4 = 2) copied from 3 positions before (71 % 4 = 3)
