@@ -106,6 +106,7 @@ DistanceName = Literal[
 STATISTICS = DISTANCES + ("align", "align_tail", "gain_low", "match")
 FLAG_MEMORY = 10  # steps: a sender's outliers teach the windows (capped) at most once in this many
 LOO_SENDERS = 3  # a sender is judged against its peers' traffic alone from this many live replicas (`SenderWindows`)
+PEER_DRIFT_Z = 3.0  # ... while no peer's recent evidence exceeds uniform p-values' by this many standard errors
 MIN_EVIDENCE = 40  # accepted values a window needs before its p-values feed the sequential test (8 above Q80)
 
 
@@ -436,21 +437,41 @@ class Sentinel(Detector):
             d[self._rule(self.config)[1]] = self._judge(st, values, sender, self._loo(st, boundary, role, sender))[1]
         return d
 
-    def _loo(self, st: Stream, boundary: int, role, sender: str | None) -> bool:
+    def _loo(self, st: Stream, boundary: int, role, sender: str | None, step: int | None = None) -> bool:
         """Whether `sender`'s message is judged against the windows without its own values (`SenderWindows`): when at
         least LOO_SENDERS live replicas of its stage are exchangeable with it, itself included (`DetectorEnv.cohort`;
-        without a mesh view: the senders the stream has seen). An async straggler, or a replica whose weights diverge
-        from its peers' (sparse averaging), differs from them honestly: it keeps the pooled windows, which hold its
-        own values too."""
+        without a mesh view: the senders the stream has seen), and none of those peers is drifting. An async
+        straggler, or a replica whose weights diverge from its peers' (sparse averaging), differs from them honestly:
+        it keeps the pooled windows, which hold its own values too.
+
+        Drifting: a peer whose messages over the last `consensus_horizon` steps average more evidence than uniform
+        p-values would by PEER_DRIFT_Z standard errors (`Stream.elevated`). Why: in a drift the whole stage shares, a
+        sender's own values say as much about where the stream is going as its peers' do, and windows without them
+        learn it a third slower (a 3-replica stage). On `compression/attacks_async.yaml` (seed 4, the clean twin)
+        stage 2's gradients drifted over steps 18-30 (gain_low 0.30 -> 0.42 on all three replicas, never all three
+        above the consensus level at once, so the drift was never learned as a shift): the leave-one-out windows
+        flagged 1.22% of the honest messages, the pooled ones 0.26%, these 0.37%. Any one drifting peer, not a majority
+        (0.74%): the drift reaches the replicas one after another. An attacker's peers are honest, and their evidence
+        is that of uniform p-values (elevated on ~1% of steps by chance): it keeps the leave-one-out windows, except
+        while an honest peer drifts, where it is judged as before the sender windows."""
         stage = sender_stage(boundary, role)
         live = self.env.live_replicas(stage) if self.env.live_replicas is not None else None
         if live is None:
-            return len(getattr(st.fences, "others", ())) >= LOO_SENDERS
-        cohort = self.env.cohort
-        if cohort is not None and sender is not None:
-            mine = cohort(sender)
-            return sum(cohort(w) == mine for w in live) >= LOO_SENDERS
-        return len(live) >= LOO_SENDERS
+            seen = getattr(st.fences, "others", ())
+            if len(seen) < LOO_SENDERS:
+                return False
+            peers = [w for w in seen if w != sender]
+        else:
+            cohort = self.env.cohort
+            if cohort is not None and sender is not None:
+                mine = cohort(sender)
+                live = [w for w in live if cohort(w) == mine]
+            if len(live) < LOO_SENDERS:
+                return False
+            peers = [w for w in live if w != sender]
+        now = step if step is not None else max((s for s, _ in st.recent.values()), default=0)
+        horizon = self.config.consensus_horizon
+        return not any(st.elevated(w, now, horizon, PEER_DRIFT_Z) for w in peers)
 
     def observe(self, msg: Message) -> Verdict:
         st = self._stream(msg.boundary, msg.role)
@@ -474,11 +495,13 @@ class Sentinel(Detector):
             return self._accept(st, sig, lay, msg, values, d, st.fences.transform(values))
         _, name, k, k_learn = self._rule(self.config)
         t, e, p, p_rel = self._judge(
-            st, values, msg.sender, self._loo(st, msg.boundary, msg.role, msg.sender)
+            st, values, msg.sender, self._loo(st, msg.boundary, msg.role, msg.sender, msg.step)
         )  # t: windows' scale
         d[name] = e
         if msg.step < self.config.warmup_steps:  # honest warm-up: learn everything, flag nothing, and give the
             return self._accept(st, sig, lay, msg, values, d, t)  # sequential test no evidence (still logged)
+        if self.config.combine == "calibrated":  # the peers' drift test of `_loo` (after the warm-up, as flags)
+            st.note(msg.sender, msg.step, e, self.config.consensus_horizon)
         if st.fences.count < MIN_EVIDENCE:  # a tail fitted to so few values is no evidence to accumulate
             p = p_rel = None
         stage = sender_stage(msg.boundary, msg.role)

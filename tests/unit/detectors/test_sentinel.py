@@ -287,3 +287,32 @@ def test_a_sender_is_judged_against_its_peers_windows_from_three_exchangeable_re
             det.observe(msg(s, m, honest(s, m), sender=senders[m]))
         flags += det.observe(msg(s, 2, honest(s, 2) * 1.6, sender="s1r2")).flagged
     assert (flags >= 30) if replicas == 3 and not lagging else (flags <= 10)
+
+
+def test_a_sender_is_judged_against_the_pooled_windows_while_a_peer_drifts():
+    """In a drift the whole stage shares, a sender's own values say where the stream is going as much as its peers'
+    do: while any peer of its cohort sends messages that average more evidence than uniform p-values would (by
+    PEER_DRIFT_Z standard errors, over `consensus_horizon` steps), the sender is judged against the pooled windows
+    (the clean twin of `compression/attacks_async.yaml`, seed 4: 1.22% of honest messages flagged otherwise). Quiet
+    peers, and peers whose drift is older than the horizon, leave it its peers' windows."""
+    from sentinel.detectors.base import DetectorEnv
+    from sentinel.detectors.streams import Stream
+
+    senders = ("s1r0", "s1r1", "s1r2")
+    det = Sentinel(Sentinel.Config(warmup_steps=5, window=64), seed=0, env=DetectorEnv(live_replicas=lambda s: senders))
+    feed(det, 20, senders=senders)
+    st = det._streams[(0, int(Role.GRADIENT))]
+    assert det._loo(st, 0, Role.GRADIENT, "s1r2", 20) and det._loo(st, 0, Role.GRADIENT, "s1r0", 20)
+    for s in range(20, 23):  # s1r0 drifts: two messages a step, both out
+        for m in (0, 1):
+            det.observe(msg(s, m, honest(s, m) * 1.6, sender="s1r0"))
+    assert not det._loo(st, 0, Role.GRADIENT, "s1r2", 23) and not det._loo(st, 0, Role.GRADIENT, "s1r1", 23)
+    assert det._loo(st, 0, Role.GRADIENT, "s1r0", 23)  # its own drift is not its peers'
+    assert det._loo(st, 0, Role.GRADIENT, "s1r2", 22 + det.config.consensus_horizon)  # out of the horizon
+    quiet = Stream(det.config, 0.9, keep_full=False)  # a peer with uniform p-values: elevated on ~1% of steps
+    draws, hits = np.random.default_rng(0).exponential(1 / np.log(10), (500, 2)), 0
+    for step, pair in enumerate(draws):
+        for e in pair:
+            quiet.note("w", step, float(e), 5)
+        hits += quiet.elevated("w", step, 5, 3.0)
+    assert hits <= 10  # of 500 steps
