@@ -7,7 +7,8 @@ pooled mean and moments with two, and the ~20 of the distances with one; the SEN
 per step in the benchmark pipeline went from 17-19 ms to 15-17 ms (`sentinel bench`, `detector_overhead`).
 The token relation (`relation`: align, the gains, the match over pairs and over neighbours) is one call for what
 were three, its cosines over pairs one BLAS product per block of rows: 378 -> 311 us per 512 x 128 message inside
-training, the verifier's time per step in the benchmark 20.9 -> 18.9 ms (2026-12-05, issue-18 note, stop 39).
+training; the verifier's time per step in the benchmark 20.9, 17.4, 16.8 -> 18.9, 17.4, 14.6 ms in three alternating
+pairs of runs (2026-12-05, issue-18 note, stop 39), the overhead ratio unchanged within its noise.
 
 The signature loops are bit-for-bit the numpy computation they replace: float32 throughout, sums
 accumulated row after row as `np.add.reduce(x, axis=0)` does on a C-ordered array, no fused multiply-add
