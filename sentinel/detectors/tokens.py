@@ -58,8 +58,8 @@ message of N tokens that leaves some out, also N 2 MATCH_REACH C: every token ag
 (4) neighbours on each side (the local match of `kernels.relation`), where a copied token most often comes from. A
 copy's token and its source both had to be in the sample before: a quarter of the 256-token messages of a BPE model
 (8 layers x 64, a 4 x 4 mesh) under the default `max_tokens`, and a one-token copy from up to three positions back took
-11.8 steps to ban on average (seeds 31-38; 4.5-17.5, one attacker never banned); with every token in view, 3.0 (2.0-5.5), and three
-random tokens 8.6 -> 3.8 (issue-18 note, stop 35).
+11.8 steps to ban on average (seeds 31-38; 4.5-17.5, one attacker never banned); with every token in view, 3.0
+(2.0-5.5), and three random tokens 8.6 -> 3.8 (issue-18 note, stop 35).
 
 For `align`, y is the message and r what its sender received for the same microbatch
 (`DetectorEnv.sender_inputs`): the input activation of a forward message, the gradient it received for
