@@ -10,8 +10,9 @@ import functools
 import numpy as np
 import torch
 
-from sentinel.detectors.distances import Layout
+from sentinel.detectors.distances import Layout, kernels
 
+_EMPTY = np.empty(0)
 # torch runs an elementwise operation over more elements than this on its thread pool (at::internal::GRAIN_SIZE)
 SERIAL_NUMEL = 32768
 
@@ -30,21 +31,18 @@ def ema_(acc: torch.Tensor, x: torch.Tensor, beta: float) -> None:
 
 
 class BaselineView:
-    """Bias-corrected baseline, with what the distances need precomputed once per update."""
+    """Bias-corrected baseline, with what the distances need precomputed once per update.
 
-    def __init__(self, mean: np.ndarray, var: np.ndarray | None, layout: Layout):
+    mean = m / div (the bias-corrected EMA of signatures), var = v / var_div (of the pooled part's squared innovation;
+    None: a single update so far, no spread known yet: ones); one compiled call (`kernels.baseline_view`)."""
+
+    def __init__(self, m: np.ndarray, var: np.ndarray | None, layout: Layout, div: float = 1.0, var_div: float = 1.0):
         self.layout = layout
-        self.pooled = mean[layout.pooled]
-        self.pooled_sign = np.sign(self.pooled)
-        self.skew = mean[layout.skew]
-        self.skew_norm = float(np.sqrt(self.skew @ self.skew))
-        self.quant = mean[layout.quant]
-        self.inv_rms = 1.0 / np.sqrt(max(mean[layout.sq_norm], 1e-30))
-        if var is None:  # a single update so far: no spread known yet
-            var = np.ones_like(self.pooled)
-        self.var = var
-        floor = max(np.add.reduce(var) / var.shape[0], 1e-30) * 1e-6  # var.mean() without its Python wrapper
-        self.inv_var = 1.0 / (var + floor)  # the floor guards coordinates that never moved
+        L = layout
+        mean, self.pooled_sign, self.var, self.inv_var, self.skew_norm, self.inv_rms = kernels.baseline_view(
+            m, div, _EMPTY if var is None else var, var_div, L.pooled.stop, L.skew.stop, L.quant.stop
+        )
+        self.pooled, self.skew, self.quant = mean[L.pooled], mean[L.skew], mean[L.quant]
 
 
 class Baseline:
@@ -73,17 +71,11 @@ class Baseline:
         b = self.beta
         if self._m is None or self._m.shape != sig.shape:
             self._m, self.n, self.layout, self._var, self.n_var = np.zeros_like(sig), 0, layout, None, 0
-        if self.n > 0:
-            innov = sig[layout.pooled] - self.view().pooled
-            innov *= innov
-            if self._var is None:
-                self._var = (1 - self.beta_var) * innov
-            else:
-                self._var *= self.beta_var
-                self._var += (1 - self.beta_var) * innov
+        if self.n > 0 and self._var is None:
+            self._var = np.zeros(layout.pooled.stop)  # beta_var * 0 + (1 - beta_var) * innov: the first innovation
+        var = _EMPTY if self._var is None else self._var
+        if kernels.ema_update(self._m, var, sig, layout.pooled.stop, b, self.beta_var, 1.0 - b**self.n):
             self.n_var += 1
-        self._m *= b
-        self._m += (1 - b) * sig
         if self.keep_full and payload is not None:
             p = payload.detach()
             if self._full is None or self._full.shape != p.shape:
@@ -94,8 +86,8 @@ class Baseline:
 
     def view(self) -> BaselineView:
         if self._view is None:
-            var = None if self._var is None else self._var / (1.0 - self.beta_var**self.n_var)
-            self._view = BaselineView(self._m / (1.0 - self.beta**self.n), var, self.layout)
+            var_div = 1.0 - self.beta_var**self.n_var
+            self._view = BaselineView(self._m, self._var, self.layout, 1.0 - self.beta**self.n, var_div)
         return self._view
 
     def full(self) -> torch.Tensor | None:

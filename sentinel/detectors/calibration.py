@@ -55,6 +55,8 @@ import copy
 
 import numpy as np
 
+from sentinel.detectors.distances import kernels
+
 Q0 = 0.8  # the tail starts at the window's 80th percentile: ~20 exceedances in a window of 100 to fit its scale
 MAX_SHAPE = 0.5  # the heaviest tail the fit may choose (xi = 0.5: a power law of exponent 2; finite mean)
 LOG_FLOOR = 0.01  # smallest tail scale on a log scale (values within 1% of each other are not a spread)
@@ -100,8 +102,6 @@ class TailCalibrator:
     def push(self, values: np.ndarray, t: np.ndarray | None = None) -> None:
         """Add one accepted message's values (`t`: the same on the calibration scale, when already computed);
         the oldest leaves a full window."""
-        from sentinel.detectors import kernels
-
         t = self.transform(values) if t is None else t
         kernels.window_push(self._sorted, self._ring, self._pos, self.count, np.asarray(t, dtype=float))
         self._pos = (self._pos + 1) % self.window
@@ -111,8 +111,6 @@ class TailCalibrator:
     def pvalues(self, t: np.ndarray) -> np.ndarray:
         """Upper-tail probability of each value (on the calibration scale) under the stream's honest traffic.
         NaN stays NaN (a statistic without a value this time)."""
-        from sentinel.detectors import kernels
-
         t = np.asarray(t, dtype=float)
         out = np.empty(len(self.names))
         kernels.tail_pvalues(self._sorted, self.count, Q0, self.floor, MAX_SHAPE, t, out)
@@ -122,8 +120,6 @@ class TailCalibrator:
     def judge(self, values: np.ndarray, subset: np.ndarray) -> tuple[np.ndarray, float, float]:
         """One message in one compiled call: (its values on the calibration scale, Bonferroni's p over every
         statistic, over those in `subset` -- NaN when none of them has a value)."""
-        from sentinel.detectors import kernels
-
         t, p = np.empty(len(self.names)), np.empty(len(self.names))
         p_all, p_sub = kernels.calibrate(
             self._sorted,

@@ -33,12 +33,30 @@ quiet feature.
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import torch
 
 # OpenBLAS computes a matrix product of at most this many multiply-adds (M * N * K) in the calling thread
 # (its SMP_THRESHOLD_MIN * GEMM_MULTITHREAD_THRESHOLD); a larger one wakes its thread pool (see `signature`).
 BLAS_SINGLE_THREAD_MNK = 4 * 65536
+
+
+class _Kernels:
+    """`sentinel.detectors.kernels`, imported on first use: numba loads with the first message a verifier checks, not
+    with the package. Its names then become this object's own attributes, so a call is a plain attribute lookup: an
+    import statement per call runs importlib's Python code, ~8 us between training operations (issue-18 note,
+    stop 40)."""
+
+    def __getattr__(self, name: str):
+        from sentinel.detectors import kernels as module
+
+        self.__dict__.update((k, v) for k, v in vars(module).items() if not k.startswith("__"))
+        return getattr(module, name)
+
+
+kernels = _Kernels()
 
 DISTANCES = ("l1", "l2_normalized", "sign_flip_ratio", "sliced_wasserstein", "z_mean", "skewness")
 PAPER_DISTANCES = ("l1", "l2_normalized", "sign_flip_ratio", "sliced_wasserstein")
@@ -69,32 +87,23 @@ class Projections:
         theta = torch.randn(num_projections, dim, generator=gen)
         self.theta = (theta / theta.norm(dim=1, keepdim=True)).numpy().astype(np.float32)  # P, C
         self.theta_t = np.ascontiguousarray(self.theta.T)  # C, P
-        self._block = max(1, BLAS_SINGLE_THREAD_MNK // (dim * num_projections))  # token rows per product
         self.levels = (np.arange(num_quantiles) + 0.5) / num_quantiles
         self.num_quantiles = num_quantiles
         self._index: dict[int, np.ndarray] = {}
-        self._work: dict[int, np.ndarray] = {}
+        self._work: dict[int, tuple[np.ndarray, ...]] = {}
         self._layouts: dict[tuple, Layout] = {}
 
     @property
     def num_projections(self) -> int:
         return self.theta.shape[0]
 
-    def workspace(self, m: int) -> np.ndarray:
-        """A reused float32 (m, C + P) scratch array (fresh large temporaries cost page faults that dwarf the
-        arithmetic)."""
+    def workspace(self, m: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Reused float32 scratch arrays for m sampled tokens: (m, C) the tokens, (m, P) their projections, (m, P) the
+        projections sorted along each column (fresh large temporaries cost page faults that dwarf the arithmetic)."""
         if m not in self._work:
-            self._work[m] = np.empty((m, self.theta.shape[1] + self.num_projections), dtype=np.float32)
+            C, P = self.theta.shape[1], self.num_projections
+            self._work[m] = tuple(np.empty((m, k), dtype=np.float32) for k in (C, P, P))
         return self._work[m]
-
-    def project(self, tokens: np.ndarray, out: np.ndarray) -> np.ndarray:
-        """out = tokens @ theta^T, (m, C) -> (m, P), in row blocks small enough to stay in the calling thread.
-
-        Every output row is the same dot products whatever the blocking: the values are those of one
-        product, only BLAS's threading is avoided (see `signature`)."""
-        for i in range(0, len(tokens), self._block):
-            np.matmul(tokens[i : i + self._block], self.theta_t, out=out[i : i + self._block])
-        return out
 
     def index(self, n: int) -> np.ndarray:
         """Order-statistic positions of the Q levels in a sorted sample of n values."""
@@ -133,19 +142,32 @@ def signature(
     tokens (fully masked, or a zeroed message) are left out of the median so they cannot pull the cap down
     to zero.
 
-    Cost: on tensors this size it is the number of calls, not the arithmetic (see `kernels.py`: the
-    clipping, sampling, pooling and moments are two compiled loops). Everything runs in the calling
-    thread: the checks are many small operations, and threading them costs more than it saves. numpy's
-    BLAS (OpenBLAS) wakes a thread pool of its own for a product above `BLAS_SINGLE_THREAD_MNK`
-    multiply-adds, and its idle threads then busy-wait for a while: with a message every few milliseconds
-    they never rest, and they take the cores from the training's torch threads (on a 2-core machine busy
-    with other jobs, training with the detector ran 5 to 7 times slower than with OPENBLAS_NUM_THREADS=1).
-    torch's pool is no better for work this small: one of its threads preempted by another process stalls
-    the operation (~10 ms for a 128 x 128 x 32 product). So the projections are computed in blocks below
-    the threshold (`Projections.project`).
+    Cost: on tensors this size it is the number of calls, not the arithmetic (see `kernels.py`: between
+    training operations each call starts cold). The clipping, sampling, pooling, projections and moments
+    are one compiled call (`kernels.signature`), the quantiles numpy's sort and one more. Everything runs in
+    the calling thread: the checks are many small operations, and threading them costs more than it saves.
+    OpenBLAS wakes a thread pool of its own for a product above `BLAS_SINGLE_THREAD_MNK` multiply-adds, and
+    its idle threads then busy-wait for a while: with a message every few milliseconds they never rest, and
+    they take the cores from the training's torch threads (on a 2-core machine busy with other jobs,
+    training with the detector ran 5 to 7 times slower than with OPENBLAS_NUM_THREADS=1). torch's pool is
+    no better for work this small: one of its threads preempted by another process stalls the operation
+    (~10 ms for a 128 x 128 x 32 product). So the projections are BLAS products in row blocks below the
+    threshold.
     """
-    from sentinel.detectors import kernels  # numba loads on the first signature, not with the package
+    return signed(x, proj, pooling, max_tokens, offset, token_clip, norms)[0]
 
+
+def signed(
+    x: torch.Tensor,
+    proj: Projections,
+    pooling: str,
+    max_tokens: int | None = None,
+    offset: int = 0,
+    token_clip: float | None = None,
+    norms: np.ndarray | None = None,
+) -> tuple[np.ndarray, float]:
+    """`signature`, and the sum of its entries: finite exactly when the payload is (the verifier's NaN / Inf check
+    without another pass)."""
     C = x.shape[-1]
     t = x.detach()
     if t.dtype != torch.float32 or t.device.type != "cpu":
@@ -154,27 +176,21 @@ def signature(
     n = tokens.shape[0]
     stride = 1 if max_tokens is None or n <= max_tokens else -(-n // max_tokens)
     start = offset % stride
-    both = proj.workspace(len(range(start, n, stride)))  # m, C + P: the sampled tokens, then their slices
-    feats = both[:, :C]
-    L = layout(tuple(x.shape), proj, pooling)
-    pooled = np.empty(L.pooled.stop - L.pooled.start, dtype=np.float32)
-    sq = np.einsum("ij,ij->i", tokens, tokens)  # N: squared token norms (clipping and `norms`)
+    feats, z, ordered = proj.workspace(len(range(start, n, stride)))  # the sampled tokens, their slices, sorted
+    sig = np.empty(layout(tuple(x.shape), proj, pooling).size)
     if norms is None:
         norms = np.empty(2)
-    kernels.prepare(tokens, sq, start, stride, float(token_clip or 0.0), feats, pooled, pooling == "full", norms)
-    proj.project(feats, out=both[:, C:])  # the token cloud along each direction
-    skew = np.empty(both.shape[1], dtype=np.float32)
-    kernels.skewness(both, skew)
-    quant = np.sort(both[:, C:], axis=0)[proj.index(both.shape[0])]  # Q, P: each direction's quantiles
-    sig = np.empty(L.size)  # float64; the float32 parts convert exactly
-    p = sig[L.pooled]
-    p[:] = pooled
-    sig[L.skew] = skew
-    sig[L.quant].reshape(-1, quant.shape[0])[...] = quant.T
-    sig[L.sq_norm] = p @ p
-    if not np.isfinite(np.add.reduce(sig)) and np.isfinite(tokens).all():
-        return _rescaled(tokens, x.shape, proj, pooling, max_tokens, offset, token_clip, norms)
-    return sig
+    clip = float(token_clip or 0.0)
+    full = pooling == "full"
+    kernels.signature(
+        tokens, start, stride, clip, full, proj.theta_t, BLAS_SINGLE_THREAD_MNK, feats, z, ordered, sig, norms
+    )
+    ordered.sort(axis=0)
+    total = kernels.finish_signature(ordered, proj.index(len(z)), tokens.size if full else C, sig)
+    if not math.isfinite(total) and np.isfinite(tokens).all():
+        sig = _rescaled(tokens, x.shape, proj, pooling, max_tokens, offset, token_clip, norms)
+        total = float(np.add.reduce(sig))
+    return sig, total
 
 
 def _rescaled(tokens, shape, proj, pooling, max_tokens, offset, token_clip, norms) -> np.ndarray:
@@ -217,8 +233,6 @@ def resolutions(names: tuple[str, ...], lay: Layout) -> np.ndarray:
 def distances(sig: np.ndarray, base, names: tuple[str, ...]) -> np.ndarray:
     """The named distances (in order) between a signature and a `BaselineView` (one compiled pass computes
     all six, `kernels.all_distances`; their definitions are in the module docstring)."""
-    from sentinel.detectors import kernels
-
     L = base.layout
     out = np.empty(len(DISTANCES))
     kernels.all_distances(

@@ -34,7 +34,7 @@ TYPICAL_RECEIVED = float(np.e)
 def prepare(tokens, sq, start, stride, clip, feats, pooled, full, norms):  # pragma: no cover - compiled
     """Clip, sample and pool the tokens of one payload.
 
-    tokens (N, C) float32; sq (N,) their squared norms (empty: no clipping and no `norms`; numpy's einsum
+    tokens (N, C) float32; sq (N,) their squared norms (empty: no clipping and no `norms`; `square_norms`
     computes them); rows start, start + stride, ... are the sampled tokens. Token clipping (`clip` > 0):
     the cap is `clip` x the upper median norm of the non-zero sampled tokens; if some token is longer,
     every token is scaled by sqrt(min(1, cap^2 / |t|^2)) (direction kept). Writes the (clipped) sampled
@@ -107,6 +107,107 @@ def skewness(x, out):  # pragma: no cover - compiled
         a = m2[j] / F32(m)
         den = a * np.sqrt(a)
         out[j] = (m3[j] / F32(m)) / (F32(1e-30) if den < F32(1e-30) else den)  # np.maximum: NaN stays NaN
+
+
+@numba.njit(cache=True, nogil=True, fastmath=True)
+def square_norms(tokens, sq):  # pragma: no cover - compiled
+    """sq[r] = |tokens[r]|^2 in float32 (`fastmath`: vectorised partial sums; the order of a sum of squares only
+    moves its last bits)."""
+    n, C = tokens.shape
+    for r in range(n):
+        s = F32(0.0)
+        for c in range(C):
+            s += tokens[r, c] * tokens[r, c]
+        sq[r] = s
+
+
+@numba.njit(cache=True, nogil=True)
+def signature(tokens, start, stride, clip, full, theta_t, block, feats, z, ordered, sig, norms):  # pragma: no cover
+    """A signature's pooled part and skewness in one call (`distances.signature` documents what they are).
+
+    tokens (N, C) float32; rows start, start + stride, ... are the sampled tokens (m of them: `feats` (m, C) and
+    `z` (m, P) receive them, clipped, and their projections on theta_t (C, P); `ordered` (m, P) a copy of z, for
+    numpy to sort in place, `finish_signature`). Writes to `sig` (float64, `distances.Layout`) the pooled part and
+    the skewness of the C features and P slices, and to `norms` (2,) what `prepare` writes there. The squared token
+    norms are float32 sums (`square_norms`); the projections BLAS products of at most `block` multiply-adds
+    (`distances.BLAS_SINGLE_THREAD_MNK`: OpenBLAS computes those in the calling thread). One call for what were four
+    numpy calls and two kernels: between training operations each call costs its own cold start (see the module
+    docstring).
+    """
+    n, C = tokens.shape
+    P = theta_t.shape[1]
+    m = feats.shape[0]
+    sq = np.empty(n, dtype=np.float32)
+    square_norms(tokens, sq)
+    npooled = n * C if full else C
+    prepare(tokens, sq, start, stride, clip, feats, sig[:npooled], full, norms)
+    rows = max(1, block // (C * P))
+    for i0 in range(0, m, rows):
+        i1 = min(m, i0 + rows)
+        z[i0:i1] = np.dot(feats[i0:i1], theta_t)
+    skewness(feats, sig[npooled : npooled + C])
+    skewness(z, sig[npooled + C : npooled + C + P])
+    ordered[:] = z
+
+
+@numba.njit(cache=True, nogil=True)
+def finish_signature(ordered, qidx, npooled, sig):  # pragma: no cover - compiled
+    """The rest of a signature: `ordered` (m, P) the sampled projections sorted along each column (numpy's sort, several
+    times faster than numba's here), `qidx` (Q,) the order-statistic positions of the levels, `npooled` the length of
+    the pooled part. Writes the P x Q quantiles (slice after slice) and the squared norm of the pooled part (a float64
+    sum) to the end of `sig`; returns the sum of `sig` (finite exactly when every entry is)."""
+    P = ordered.shape[1]
+    Q = qidx.shape[0]
+    k = sig.shape[0] - 1 - P * Q
+    for j in range(P):
+        for q in range(Q):
+            sig[k + j * Q + q] = ordered[qidx[q], j]
+    total = 0.0
+    for c in range(npooled):
+        total += sig[c] * sig[c]
+    sig[sig.shape[0] - 1] = total
+    return np.sum(sig)
+
+
+@numba.njit(cache=True, nogil=True)
+def ema_update(m, var, sig, npooled, beta, beta_var, div):  # pragma: no cover - compiled
+    """One update of `baseline.Baseline`: innov = (sig - m / div)^2 over the pooled part (`div` = 1 - beta^n: 0 for the
+    first update, which has no innovation), var <- beta_var var + (1 - beta_var) innov (`var` (npooled,); an empty
+    `var` takes none), then m <- beta m + (1 - beta) sig. The operations of the numpy code it replaces, element by
+    element: the same values. Returns whether `var` took the innovation."""
+    took = div > 0.0 and var.shape[0] == npooled
+    if took:
+        a = 1.0 - beta_var
+        for i in range(npooled):
+            d = sig[i] - m[i] / div
+            var[i] = var[i] * beta_var + a * (d * d)
+    b = 1.0 - beta
+    for i in range(m.shape[0]):
+        m[i] = m[i] * beta + b * sig[i]
+    return took
+
+
+@numba.njit(cache=True, nogil=True)
+def baseline_view(m, div, var, var_div, pooled_end, skew_end, quant_end):  # pragma: no cover - compiled
+    """What `baseline.BaselineView` holds, in one call: (mean = m / div, sign of its pooled part, var = var / var_div
+    (ones when `var` is empty), 1 / (var + floor) with floor = 1e-6 x max(mean of var, 1e-30) (it guards coordinates
+    that never moved), the norm of the skewness part, 1 / sqrt(max(squared-norm entry, 1e-30))). Layout: pooled
+    [0, pooled_end), skewness [pooled_end, skew_end), quantiles up to quant_end, then the squared norm."""
+    mean = m / div
+    sign = np.sign(mean[:pooled_end])
+    if var.shape[0] == 0:
+        v = np.ones(pooled_end)
+    else:
+        v = var / var_div
+    total = 0.0
+    for i in range(pooled_end):
+        total += v[i]
+    floor = max(total / pooled_end, 1e-30) * 1e-6
+    inv_var = 1.0 / (v + floor)
+    s = 0.0
+    for i in range(pooled_end, skew_end):
+        s += mean[i] * mean[i]
+    return mean, sign, v, inv_var, np.sqrt(s), 1.0 / np.sqrt(max(mean[quant_end], 1e-30))
 
 
 @numba.njit(cache=True, nogil=True)

@@ -59,7 +59,7 @@ from sentinel.detectors.distances import (
     distances,
     layout,
     resolutions,
-    signature,
+    signed,
 )
 from sentinel.detectors.streams import Stream, mix
 from sentinel.detectors.tokens import (
@@ -299,11 +299,12 @@ class Sentinel(Detector):
         return mix(self._key, msg.step, msg.mb_idx + 1, msg.boundary, int(msg.role)) >> 32
 
     def _signature(self, payload: torch.Tensor, offset: int):
+        """(signature, its layout, the sum of its entries: finite exactly when the payload is)."""
         proj = self._projections(payload.shape[-1])
-        sig = signature(
+        sig, total = signed(
             payload, proj, self.config.pooling, self.config.max_tokens, offset, self.config.token_clip, self._norms
         )
-        return sig, layout(tuple(payload.shape), proj, self.config.pooling)
+        return sig, layout(tuple(payload.shape), proj, self.config.pooling), total
 
     def _learn(self, st: Stream, sig: np.ndarray, lay, msg: Message) -> None:
         if isinstance(st.baseline, SenderMedianBaseline):
@@ -352,8 +353,8 @@ class Sentinel(Detector):
         left the projections of the tokens it sampled in its workspace."""
         C = payload.shape[-1]
         rows = sample_rows(ids.numel(), self.config.max_tokens, offset)
-        tok = ids.reshape(-1)[rows].cpu().numpy().astype(np.int64)
-        z = self._projections(C).workspace(len(tok))[:, C:].copy()
+        tok = ids.cpu().numpy().reshape(-1)[rows].astype(np.int64)
+        z = self._projections(C).workspace(len(tok))[1].copy()
         return z, tok
 
     def _first(self, st: Stream, sig: np.ndarray, lay, msg: Message, offset: int) -> Verdict:
@@ -428,7 +429,7 @@ class Sentinel(Detector):
         st = self._streams.get((int(boundary), int(role)))
         if st is None or st.fences is None:
             return {}
-        sig, _ = self._signature(payload, 0)
+        sig, _, _ = self._signature(payload, 0)
         if not self._comparable(st, sig):
             return {}
         values = self._values(st, sig, payload, None)
@@ -476,11 +477,11 @@ class Sentinel(Detector):
     def observe(self, msg: Message) -> Verdict:
         st = self._stream(msg.boundary, msg.role)
         offset = self._offset(msg)
-        sig, lay = self._signature(msg.payload, offset)
+        sig, lay, total = self._signature(msg.payload, offset)
         # NaN / Inf somewhere in the payload: never reaches any state. A signature is finite exactly when the payload
         # is (`signature` recomputes a finite payload whose float32 moments overflow at a power-of-two scale), and
         # its float64 sum exactly when every entry is (float32 values or a float64 square norm)
-        if not np.isfinite(np.add.reduce(sig)):
+        if not math.isfinite(total):
             return Verdict({}, True, frozenset({Marker.INTEGRITY}))
         if st.replays is not None and st.replays.seen_before((tuple(msg.payload.shape), sig[:64].tobytes()), msg.step):
             return Verdict(
@@ -505,7 +506,7 @@ class Sentinel(Detector):
         if st.fences.count < MIN_EVIDENCE:  # a tail fitted to so few values is no evidence to accumulate
             p = p_rel = None
         stage = sender_stage(msg.boundary, msg.role)
-        latest = e if np.isfinite(e) else np.inf
+        latest = e if math.isfinite(e) else math.inf
         st.recent[msg.sender] = (msg.step, latest)
         st.remember(msg.step, latest, self._feeders(msg), self.config.consensus_horizon)
         drift = k_learn / 2 if self.config.combine == "calibrated" else k_learn  # "part of a stage-wide drift" above
@@ -531,7 +532,7 @@ class Sentinel(Detector):
     def _take_outlier_budget(st: Stream, msg: Message, p: np.ndarray) -> bool:
         """Whether an accepted message with a statistic at p < CAP_P may teach it (capped) to its window, and if so
         spend the sender's budget: once every FLAG_MEMORY steps, shared with flagged messages (`_learn_outlier`)."""
-        return not (p < CAP_P).any() or st.outlier_due(msg.sender, msg.step, FLAG_MEMORY, mark=False)
+        return not np.logical_or.reduce(p < CAP_P) or st.outlier_due(msg.sender, msg.step, FLAG_MEMORY, mark=False)
 
     def _learn_outlier(self, st: Stream, msg: Message, values: np.ndarray, t: np.ndarray) -> None:
         """A message above the learning level (flagged at the default levels) never teaches the baseline; its values
@@ -559,7 +560,7 @@ class Sentinel(Detector):
     ) -> Verdict:
         """Accept and learn: the baseline and the fences take the message in (`t`: the values on the fences'
         scale; a message missing a statistic teaches the baseline but not the fences)."""
-        if np.isfinite(values).all():
+        if all(map(math.isfinite, values.tolist())):  # builtins: between training operations numpy's calls cost more
             self._learn(st, sig, lay, msg)
             if judged and isinstance(st.fences, SenderWindows):  # a judged value learns capped (push_judged)
                 each = st.fences.last_p  # the message's per-statistic tail probabilities

@@ -94,6 +94,7 @@ import torch
 
 from sentinel.detectors.calibration import LOG_FLOOR
 from sentinel.detectors.distances import BLAS_SINGLE_THREAD_MNK as BLOCK
+from sentinel.detectors.distances import kernels
 
 TOKEN_STATS = ("token_norm", "align", "align_tail", "gain_low", "gain_high", "match")
 GAIN_STATS = ("gain_low", "gain_high")
@@ -147,8 +148,6 @@ def relation(
     gains (traffic whose codec drops tokens whole: `DetectorEnv.zeroed_roles`)."""
     if not has_reference(payload, reference):
         return False
-    from sentinel.detectors import kernels
-
     y, r = _tokens(payload), _tokens(reference)
     n = y.shape[0]
     start, stride, reach = 0, 1, 0
@@ -170,8 +169,6 @@ def match(y: np.ndarray, r: np.ndarray, start: int = 0, stride: int = 1) -> floa
     (|r_j|^2 <= `kernels.TYPICAL_RECEIVED` x the median, as sent, not centred: as `gain_high`), each 1 - cos floored
     at MATCH_FLOOR: how many times better some other input token explains output token i than its own input does (0
     with fewer than two tokens of non-zero centred norm)."""
-    from sentinel.detectors import kernels
-
     out = np.empty(5)
     kernels.relation(y, r, out, False, start, stride, 0, MATCH_FLOOR, kernels.TYPICAL_RECEIVED, BLOCK)
     return float(out[4])
@@ -213,8 +210,6 @@ class IdRelation:
     def judge(self, z: np.ndarray, ids: np.ndarray, out: np.ndarray) -> bool:
         """Writes (align, align_tail) of the projected sampled tokens `z` (m, K) against their ids (m,); False when
         none of the ids was seen before."""
-        from sentinel.detectors import kernels
-
         if self.center[-1] <= 0:
             out[:] = np.nan
             return False
@@ -222,8 +217,6 @@ class IdRelation:
         return bool(out[0] == out[0])
 
     def learn(self, z: np.ndarray, ids: np.ndarray) -> None:
-        from sentinel.detectors import kernels
-
         self._grow(ids)
         kernels.id_learn(z, ids, self.table, self.weight, self.center, self.beta)
 

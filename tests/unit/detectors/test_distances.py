@@ -247,13 +247,22 @@ def test_signature_of_a_huge_finite_payload_is_finite_and_scales_exactly(proj, e
 
 
 def test_projections_run_in_blocks_below_the_blas_threading_threshold():
+    """The signature's projections are BLAS products of at most BLAS_SINGLE_THREAD_MNK multiply-adds (OpenBLAS keeps
+    those in the calling thread); blocking changes no value: the default blocks give what one product gives."""
+    from sentinel.detectors import kernels
     from sentinel.detectors.distances import BLAS_SINGLE_THREAD_MNK
 
     proj = Projections(128, num_projections=32, num_quantiles=8, seed=0)
-    assert 1 <= proj._block < 128 and proj._block * 128 * 32 <= BLAS_SINGLE_THREAD_MNK
     tokens = _payload(12, (2, 100, 128)).reshape(-1, 128).numpy()
-    out = proj.project(tokens, np.empty((200, 32), dtype=np.float32))
-    np.testing.assert_allclose(out, tokens @ proj.theta.T, rtol=1e-6, atol=1e-6)
+    feats, z, ordered = proj.workspace(200)
+    outs = []
+    for block in (BLAS_SINGLE_THREAD_MNK, 1 << 40):
+        sig = np.empty(layout((2, 100, 128), proj, "token_mean").size)
+        kernels.signature(tokens, 0, 1, 0.0, False, proj.theta_t, block, feats, z, ordered, sig, np.empty(2))
+        np.testing.assert_allclose(z, tokens @ proj.theta.T, rtol=1e-5, atol=1e-5)
+        outs.append(np.concatenate([z.reshape(-1), sig[128 : 128 + 128 + 32]]))  # slices and skewness
+    assert BLAS_SINGLE_THREAD_MNK // (128 * 32) < 200  # the default takes several blocks here
+    np.testing.assert_array_equal(outs[0], outs[1])
 
 
 def test_chunked_ema_equals_the_one_call_update():
