@@ -112,6 +112,40 @@ def test_distances_agree_with_numpy_to_rounding():
         np.testing.assert_array_equal(distances(sig, b.view(), names), distances(sig, b.view(), DISTANCES)[[5, 0]])
 
 
+def test_baseline_update_and_view_are_their_numpy_definitions():
+    """`kernels.ema_update` and `kernels.baseline_view` against the definitions (`baseline.Baseline`): m_t = beta m + (1 -
+    beta) s, m_hat = m_t / (1 - beta^t); var the EMA (beta_var) of the squared innovation of the pooled part against
+    the previous m_hat, bias-corrected over the updates that had one (ones before any); inv_var = 1 / (var + 1e-6 x
+    mean var). The EMAs bit for bit (the same operations element by element), the derived values to rounding."""
+    proj = Projections(32, 8, 16, seed=0)
+    g = torch.Generator().manual_seed(3)
+    beta, beta_var = 0.9, 0.99
+    b = Baseline(beta, beta_var)
+    lay = layout((3, 7, 32), proj, "token_mean")
+    m = np.zeros(lay.size)
+    var = None
+    for t in range(1, 8):
+        sig = signature(torch.randn(3, 7, 32, generator=g) * t, proj, "token_mean")
+        if t > 1:
+            innov = (sig[lay.pooled] - (m / (1 - beta ** (t - 1)))[lay.pooled]) ** 2
+            var = (1 - beta_var) * innov if var is None else beta_var * var + (1 - beta_var) * innov
+        m = beta * m + (1 - beta) * sig
+        b.update(sig, lay)
+        np.testing.assert_array_equal(b._m, m)
+        if var is not None:
+            np.testing.assert_array_equal(b._var, var)
+        v = b.view()
+        mean = m / (1 - beta**t)
+        np.testing.assert_array_equal(v.pooled, mean[lay.pooled])
+        np.testing.assert_array_equal(v.quant, mean[lay.quant])
+        want_var = np.ones(32) if var is None else var / (1 - beta_var ** (t - 1))
+        np.testing.assert_allclose(v.var, want_var, rtol=1e-15)
+        np.testing.assert_allclose(v.inv_var, 1 / (want_var + 1e-6 * want_var.mean()), rtol=1e-12)
+        np.testing.assert_array_equal(v.pooled_sign, np.sign(mean[lay.pooled]))
+        np.testing.assert_allclose(v.skew_norm, np.linalg.norm(mean[lay.skew]), rtol=1e-12)
+        np.testing.assert_allclose(v.inv_rms, 1 / np.sqrt(mean[lay.sq_norm]), rtol=1e-12)
+
+
 @pytest.mark.parametrize("count", [1, 2, 7, 16, 100])
 def test_fence_quartiles_are_numpy_linear_quantiles(count):
     rng = np.random.default_rng(count)
