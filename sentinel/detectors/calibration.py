@@ -157,8 +157,8 @@ class TailCalibrator:
         evidence ~3.2 for 25 steps). So a sender's outliers teach the windows at most once per FLAG_MEMORY
         steps, accepted or flagged. Honest traffic loses little: a value with p < 1e-3 lies at or beyond the
         window's largest, and a drift of the whole stage is learned as a shift."""
-        out = p < CAP_P
-        if out.any():
+        if any(map(CAP_P.__gt__, p.tolist())):  # (p < CAP_P).any() in builtins: numpy's calls cost more here
+            out = p < CAP_P
             top = self._sorted[:, self.count - 1]
             if capped:
                 keep = np.minimum(t, top)

@@ -169,7 +169,7 @@ def signed(
     """`signature`, and the sum of its entries: finite exactly when the payload is (the verifier's NaN / Inf check
     without another pass)."""
     C = x.shape[-1]
-    t = x.detach()
+    t = x.detach() if x.requires_grad else x
     if t.dtype != torch.float32 or t.device.type != "cpu":
         t = t.to("cpu", torch.float32)
     tokens = t.numpy().reshape(-1, C)  # N, C (a view when possible)
@@ -177,7 +177,7 @@ def signed(
     stride = 1 if max_tokens is None or n <= max_tokens else -(-n // max_tokens)
     start = offset % stride
     feats, z, ordered = proj.workspace(len(range(start, n, stride)))  # the sampled tokens, their slices, sorted
-    sig = np.empty(layout(tuple(x.shape), proj, pooling).size)
+    sig = np.empty(layout(x.shape, proj, pooling).size)
     if norms is None:
         norms = np.empty(2)
     clip = float(token_clip or 0.0)
