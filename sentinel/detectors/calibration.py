@@ -63,6 +63,11 @@ LOG_FLOOR = 0.01  # smallest tail scale on a log scale (values within 1% of each
 CAP_P = 1e-3  # an accepted message's statistic this far out on its own is learned capped (`push_judged`)
 
 
+def below_cap(p: np.ndarray) -> bool:
+    """(p < CAP_P).any(), in builtins: between training operations numpy's calls cost more than the comparison."""
+    return any(map(CAP_P.__gt__, p.tolist()))
+
+
 class TailCalibrator:
     """Per-statistic tail probabilities over a sliding window of accepted values (see the module docstring).
 
@@ -157,7 +162,7 @@ class TailCalibrator:
         evidence ~3.2 for 25 steps). So a sender's outliers teach the windows at most once per FLAG_MEMORY
         steps, accepted or flagged. Honest traffic loses little: a value with p < 1e-3 lies at or beyond the
         window's largest, and a drift of the whole stage is learned as a shift."""
-        if any(map(CAP_P.__gt__, p.tolist())):  # (p < CAP_P).any() in builtins: numpy's calls cost more here
+        if below_cap(p):
             out = p < CAP_P
             top = self._sorted[:, self.count - 1]
             if capped:

@@ -52,7 +52,7 @@ import torch
 from sentinel.config import spec
 from sentinel.detectors.base import Detector, Marker, Verdict
 from sentinel.detectors.baseline import SenderMedianBaseline
-from sentinel.detectors.calibration import CAP_P, SenderWindows
+from sentinel.detectors.calibration import SenderWindows, below_cap
 from sentinel.detectors.distances import (
     DISTANCES,
     Projections,
@@ -532,8 +532,7 @@ class Sentinel(Detector):
     def _take_outlier_budget(st: Stream, msg: Message, p: np.ndarray) -> bool:
         """Whether an accepted message with a statistic at p < CAP_P may teach it (capped) to its window, and if so
         spend the sender's budget: once every FLAG_MEMORY steps, shared with flagged messages (`_learn_outlier`)."""
-        below = any(map(CAP_P.__gt__, p.tolist()))  # (p < CAP_P).any() in builtins: numpy's calls cost more here
-        return not below or st.outlier_due(msg.sender, msg.step, FLAG_MEMORY, mark=False)
+        return not below_cap(p) or st.outlier_due(msg.sender, msg.step, FLAG_MEMORY, mark=False)
 
     def _learn_outlier(self, st: Stream, msg: Message, values: np.ndarray, t: np.ndarray) -> None:
         """A message above the learning level (flagged at the default levels) never teaches the baseline; its values
