@@ -73,7 +73,7 @@ from scipy.stats import binom, hypergeom
 from sentinel.detectors.base import Marker, Verdict
 from sentinel.engine.workers import MeshControl
 from sentinel.sequential import ANOMALOUS, SequentialEvidence
-from sentinel.transport.message import Message
+from sentinel.transport.message import Message, Role
 
 EXPLAINED = 0.05  # a flag whose sender the peer test singles out at this level is explained by it
 CERTAIN_FLOOR = 1e-6  # honest workers (practically) never send NaN, a wrong shape, or an exact replay
@@ -224,6 +224,7 @@ class Responder:
         self._tainted: set[int] = set()  # microbatches of this step with an anomalous message so far
         self._drift: set[tuple[int, int]] = set()  # streams with a stage-wide shift this step (no evidence)
         self._pending: list[tuple[str, int, int, float]] = []  # this step's (sender, stage, stream, p) for the evidence
+        self._deferred: set[tuple[str, int]] = set()  # (worker, stream) whose ban waits for this step's consensus
 
     def deliver(
         self, msg: Message, verdict: Verdict | None, substitute: Callable[[Message], torch.Tensor | None] | None = None
@@ -261,14 +262,20 @@ class Responder:
             stages = {stage for _, stage, _, _ in self._pending}
             self.evidence.weigh_step(self._pending, {s: self.mesh.live_in_stage(s) for s in stages})
             self._pending = []
-            for worker, stream in self.evidence.due():
+            deferred, self._deferred = self._deferred, set()
+            for worker, stream in [*sorted(deferred), *(k for k in self.evidence.due() if k not in deferred)]:
                 if worker in self.banned:
                     continue
                 peers = self._peers(worker)
                 if self.evidence.exceeds(worker, peers, stream):
-                    self.ban(worker, step)
-                else:  # a majority of the stage stood out too: drift, not evidence (sentinel/sequential.py)
-                    self.evidence.settle([worker, *peers], stream)
+                    if (worker, stream) in deferred and self._shifted(worker, stream):
+                        self.evidence.settle([worker, *peers], stream)  # the drift reached it first: not evidence
+                    elif (worker, stream) not in deferred and self.evidence.rising(peers, stream):
+                        self._deferred.add((worker, stream))  # a peer rises too: wait one step for the consensus
+                    else:
+                        self.ban(worker, step)
+                elif self.evidence.reached(worker, stream):  # a majority of the stage stood out too: drift, not
+                    self.evidence.settle([worker, *peers], stream)  # evidence (sentinel/sequential.py)
         nxt = step + 1
         if self.config.ban_pvalue < 1.0 and nxt % SCORE_EVERY == 0:
             self._score_tests(nxt)
@@ -309,6 +316,12 @@ class Responder:
         if p is None or (msg.boundary, int(msg.role)) in self._drift:
             return
         self._pending.append((msg.sender, self.mesh.stage_of(msg.sender), int(msg.role), p))
+
+    def _shifted(self, worker: str, stream: int) -> bool:
+        """Whether the detector recognised a stage-wide shift this step in the stream the worker sends `stream` on
+        (its activations cross boundary `stage`, its gradients boundary `stage - 1`)."""
+        stage = self.mesh.stage_of(worker)
+        return (stage if stream == int(Role.ACTIVATION) else stage - 1, stream) in self._drift
 
     def _peers(self, worker: str) -> list[str]:
         return [w for w in self.mesh.live_in_stage(self.mesh.stage_of(worker)) if w != worker]

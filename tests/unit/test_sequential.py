@@ -406,3 +406,57 @@ def test_an_attacker_with_an_honest_past_is_judged_by_its_current_rate():
     assert _bans(r.mesh) == ["s1r0"] and r.banned["s1r0"] <= 25 + 6
     r = _stage_run({s: [1e-20, 1e-20] for s in range(0, 15)}, 15)
     assert r.banned["s1r0"] <= 1
+
+
+def _wave(shift_next: bool, peer_p: float = 1e-5) -> Responder:
+    """s1r0's activations reach the threshold at step 1 (three messages at p = 1e-3 a step, a quiet stage) while, in
+    that step, its peer s1r1 sends one message at `peer_p`; at step 2 the detector recognises a stage-wide shift in the stream
+    (`shift_next`), or s1r0 goes on as before."""
+    from sentinel.detectors.base import Marker
+
+    r, _ = _responder()
+    moderate, calm = Verdict({}, False, pvalue=1e-3), Verdict({}, False, pvalue=0.5)
+    shift = Verdict({}, False, frozenset({Marker.SHIFT}), pvalue=1e-3)
+    for s in range(3):
+        mine = shift if s == 2 and shift_next else moderate
+        recs = [(_msg(s, m, 1, "s1r0"), mine) for m in range(3)]
+        recs += [(_msg(s, 3 + m, 1, "s1r1"), calm) for m in range(3)]  # quiet peers (the stage's level stays put)
+        recs += [(_msg(s, 6, 1, "s1r1"), Verdict({}, False, pvalue=peer_p) if s == 1 else calm)]
+        recs += [(_msg(s, 7 + m, 1, "s1r2"), calm) for m in range(4)]
+        r.end_step(s, recs)
+    return r
+
+
+def test_a_ban_waits_one_step_while_a_peer_rises_and_the_consensus_decides():
+    """An honest drift reaches a stage's replicas one after another: on held-out text (Python source, 12 layers, a
+    6 x 4 mesh, seed 21) one replica's gradients reached the threshold over steps 94-97 while a peer stood at 0.32 of
+    it, and the detector recognised the stage-wide shift at step 98, a step after the ban. A worker that reaches the
+    threshold while a peer stands above DEFER_SHARE of it waits one step: if the detector then recognises a shift in
+    its stream, what it gathered was the drift (settled, as a blocked ban); if not, it is banned a step late."""
+    r = _wave(shift_next=True)
+    assert r.banned == {} and r.evidence.level["s1r0", 0] <= r.evidence.threshold / 2
+    r = _wave(shift_next=False)
+    assert r.banned == {"s1r0": 2}
+    r = _wave(shift_next=False, peer_p=0.5)  # no peer rises: banned when it reaches the threshold
+    assert r.banned == {"s1r0": 1}
+
+
+def test_a_colluding_peer_holds_a_ban_for_one_step_only():
+    """A colluder that keeps its own statistic between DEFER_SHARE of the threshold and the threshold (a 5-replica
+    stage, so the honest majority's guard still lets the ban through) delays its partner's ban by one step, never
+    more: the deferral is spent once, and the detector recognises no shift, which needs the honest majority."""
+
+    def run(collude: bool) -> Responder:
+        r = Responder(ResponseConfig(), MeshControl(WorkerTable(4, 5)))
+        strong, calm = Verdict({}, False, pvalue=1e-12), Verdict({}, False, pvalue=0.5)
+        for s in range(6):
+            recs = [(_msg(s, m, 1, "s1r0"), strong) for m in range(2)]
+            lift = Verdict({}, False, pvalue=1e-4 if collude else 0.5)  # +5.75 nats a message, minus the drain
+            recs += [(_msg(s, 2 + m, 1, "s1r1"), lift if m == 0 else calm) for m in range(2)]
+            recs += [(_msg(s, 4 + m, 1, w), calm) for m, w in enumerate(["s1r2", "s1r3", "s1r4"])]
+            r.end_step(s, recs)
+        return r
+
+    alone, held = run(collude=False), run(collude=True)
+    assert alone.banned == {"s1r0": 1}
+    assert held.banned["s1r0"] == 2  # (the colluder's own evidence bans it at step 4)
