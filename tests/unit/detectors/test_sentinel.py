@@ -316,3 +316,25 @@ def test_a_sender_is_judged_against_the_pooled_windows_while_a_peer_drifts():
             quiet.note("w", step, float(e), 5)
         hits += quiet.elevated("w", step, 5, 3.0)
     assert hits <= 10  # of 500 steps
+
+
+@pytest.mark.parametrize("replicas", [4, 5])
+def test_colluders_alone_cannot_make_a_stage_shift(replicas):
+    """The consensus counts the most malicious replicas an honest majority allows, f = (R - 1) // 2, as anomalous
+    already: it recognises a shift only when more than half of the honest ones are anomalous too. So f colluders
+    and fewer than that many honest replicas anomalous together are no shift, whatever their evidence; one honest
+    replica more is (`Stream.stage_shift`)."""
+    from sentinel.detectors.streams import Stream
+
+    st = Stream(Sentinel.Config(), beta=0.9, keep_full=False)
+    live = [f"s1r{i}" for i in range(replicas)]
+    f = (replicas - 1) // 2
+    honest_needed = (replicas - f) // 2 + 1
+    level, step, horizon = 1.5, 10, 5
+    anomalous = live[:f] + live[f : f + honest_needed - 1]  # the colluders and one honest replica short
+    for i, w in enumerate(live):  # each fed by another upstream worker (no single origin to rule it out)
+        st.recent[w] = (step, 9.0 if w in anomalous else 0.1)
+        st.remember(step, st.recent[w][1], (f"s0r{i}", None), horizon)
+    assert not st.stage_shift(step, 9.0, level, live, horizon)
+    st.recent[live[f + honest_needed - 1]] = (step, 9.0)  # one more honest replica anomalous: a shift
+    assert st.stage_shift(step, 9.0, level, live, horizon)
