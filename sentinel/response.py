@@ -71,6 +71,7 @@ from scipy.special import ndtr
 from scipy.stats import binom, hypergeom
 
 from sentinel.detectors.base import Marker, Verdict
+from sentinel.detectors.streams import shift_quorum
 from sentinel.engine.workers import MeshControl
 from sentinel.sequential import ANOMALOUS, SequentialEvidence
 from sentinel.transport.message import Message, Role
@@ -270,7 +271,9 @@ class Responder:
                 if self.evidence.exceeds(worker, peers, stream):
                     if (worker, stream) in deferred and self._shifted(worker, stream):
                         self.evidence.settle([worker, *peers], stream)  # the drift reached it first: not evidence
-                    elif (worker, stream) not in deferred and self.evidence.rising(peers, stream):
+                    elif (worker, stream) not in deferred and self.evidence.rising(
+                        peers, stream, shift_quorum(len(peers) + 1)
+                    ):
                         self._deferred.add((worker, stream))  # a peer rises too: wait one step for the consensus
                     else:
                         self.ban(worker, step)

@@ -29,6 +29,14 @@ def fence_logs(cfg, names: tuple[str, ...] | None = None) -> tuple[bool, ...]:
     return (cfg.fence_scale == "log",) * len(names)
 
 
+def shift_quorum(replicas: int) -> int:
+    """How many of a stage's `replicas` live replicas must be anomalous together for the consensus to call it a shift
+    (`Stream.stage_shift`): f + floor((R - f) / 2) + 1, f = floor((R - 1) / 2) the most malicious ones an honest
+    majority leaves, so that more than half of the honest ones are, whoever the malicious ones are."""
+    f = (replicas - 1) // 2
+    return f + (replicas - f) // 2 + 1
+
+
 def mix(*keys: int) -> int:
     """A 62-bit hash of non-negative integers (splitmix64 steps): the same in every process and run."""
     h = 0x9E3779B97F4A7C15
@@ -128,8 +136,7 @@ class Stream:
         R = max(len(live if live is not None else self.recent), len(vals))
         if R < 2:
             return False
-        f = (R - 1) // 2
-        need = f + (R - f) // 2 + 1
+        need = shift_quorum(R)
         if sum(v > level for v in vals) < need:
             return False
         origins = [o for s, v, o in self.fed if v > level and step - s < horizon]  # every anomalous one, not the latest
@@ -137,4 +144,4 @@ class Stream:
             got = {o[k] if len(o) > k else None for o in origins}
             if len(got) == 1 and None not in got:
                 return False
-        return e <= vals[min(R - f, len(vals)) - 1]
+        return e <= vals[min(R - (R - 1) // 2, len(vals)) - 1]  # the (R - f)-th smallest
