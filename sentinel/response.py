@@ -274,7 +274,7 @@ class Responder:
                     elif (worker, stream) not in deferred and self.evidence.rising(
                         peers, stream, shift_quorum(len(peers) + 1)
                     ):
-                        self._deferred.add((worker, stream))  # a peer rises too: wait one step for the consensus
+                        self._deferred.add((worker, stream))  # the stage is one replica short of a shift: wait a step
                     else:
                         self.ban(worker, step)
                 elif self.evidence.reached(worker, stream):  # a majority of the stage stood out too: drift, not
