@@ -410,8 +410,8 @@ def test_an_attacker_with_an_honest_past_is_judged_by_its_current_rate():
 
 def _wave(shift_next: bool, peer_p: float = 1e-5) -> Responder:
     """s1r0's activations reach the threshold at step 1 (three messages at p = 1e-3 a step, a quiet stage) while, in
-    that step, its peer s1r1 sends one message at `peer_p`; at step 2 the detector recognises a stage-wide shift in the stream
-    (`shift_next`), or s1r0 goes on as before."""
+    that step, its peer s1r1 sends one message at `peer_p`; at step 2 the detector recognises a stage-wide shift in
+    the stream (`shift_next`), or s1r0 goes on as before."""
     from sentinel.detectors.base import Marker
 
     r, _ = _responder()
@@ -431,8 +431,9 @@ def test_a_ban_waits_one_step_while_a_peer_rises_and_the_consensus_decides():
     """An honest drift reaches a stage's replicas one after another: on held-out text (Python source, 12 layers, a
     6 x 4 mesh, seed 21) one replica's gradients reached the threshold over steps 94-97 while a peer stood at 0.32 of
     it, and the detector recognised the stage-wide shift at step 98, a step after the ban. A worker that reaches the
-    threshold while a peer stands above DEFER_SHARE of it waits one step: if the detector then recognises a shift in
-    its stream, what it gathered was the drift (settled, as a blocked ban); if not, it is banned a step late."""
+    threshold while a peer stands above DEFER_SHARE of it (of 3 replicas, one peer leaves the stage one replica short
+    of the consensus's quorum) waits one step: if the detector then recognises a shift in its stream, what it gathered
+    was the drift (settled, as a blocked ban); if not, it is banned a step late."""
     r = _wave(shift_next=True)
     assert r.banned == {} and r.evidence.level["s1r0", 0] <= r.evidence.threshold / 2
     r = _wave(shift_next=False)
