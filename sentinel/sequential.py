@@ -309,7 +309,7 @@ class SequentialEvidence:
         """Whether the worker's statistic of `stream` reached the threshold (this step, or before and still there)."""
         return self._top((worker, stream)) >= self.threshold
 
-    def rising(self, peers: list[str], stream: int = 0, quorum: int = 2) -> bool:
+    def rising(self, peers: list[str], stream: int, quorum: int) -> bool:
         """Whether the worker and those of its `peers` that stood at DEFER_SHARE of the threshold or above in `stream`
         this step, short of it (a peer at it is judged itself: two attackers that reach it together do not hold each
         other's ban), are at most one replica short of `quorum` (the consensus's, `streams.shift_quorum`), and at
