@@ -287,7 +287,10 @@ def relation(y, r, out, skip_zero, m_start, m_stride, reach, floor, typical, blo
         norm in either left out), then max_i of log(max(1 - cos(y_i, r_i), floor)) - log(max(1 - max_j cos(y_i,
         r_j), floor)), j != i among the rows that received at most `typical` x their median |r|^2 (as sent;
         `typical` <= 0: all); 0.0 with fewer than two rows. Its cosines are BLAS products of at most `block`
-        multiply-adds each (`distances.BLAS_SINGLE_THREAD_MNK`: OpenBLAS computes those in the calling thread).
+        multiply-adds each (`distances.BLAS_SINGLE_THREAD_MNK`: OpenBLAS computes those in the calling thread);
+      out[5] = max_i (m' - g'_i) (gain_centred; with six entries): g'_i = log(|y_i - ybar| / |r_i - rbar|), the gain
+        of the centred tokens of out[0] (centred by the means over every row), m' their median, over the rows with a
+        non-zero centred r_i (0 when none).
     Returns the local match (`reach` > 0 and five entries; else -inf): the same over every row, centred by the
     means over every row, with the candidates j restricted to the rows at most `reach` positions away (N 2 reach C
     work: every output token against its neighbours' inputs, where a copied token comes from; 0.0 with fewer than
@@ -301,6 +304,7 @@ def relation(y, r, out, skip_zero, m_start, m_stride, reach, floor, typical, blo
     """
     n, C = y.shape
     pairs = out.shape[0] > 4
+    centred = out.shape[0] > 5
     local = pairs and reach > 0
     # the means: over every row, and over the match's rows
     my = np.zeros(C)
@@ -331,6 +335,8 @@ def relation(y, r, out, skip_zero, m_start, m_stride, reach, floor, typical, blo
     gains = np.empty(n)
     received = np.empty(n)  # |r_i|^2 as sent, of the rows with a gain
     m_gain = 0
+    c_gains = np.empty(n if centred else 0)  # the centred tokens' gains
+    m_centred = 0
     inv_y = np.zeros(n if local else 0)  # 1 / centred norm of each row (0: left out of the local match)
     inv_r = np.zeros(n if local else 0)
     as_sent = np.empty(n if local else 0)  # |r_i|^2 by row
@@ -385,6 +391,9 @@ def relation(y, r, out, skip_zero, m_start, m_stride, reach, floor, typical, blo
             gains[m_gain] = 0.5 * (np.log(s_y + 1e-60) - np.log(s_r))
             received[m_gain] = s_r
             m_gain += 1
+        if centred and nr > 0.0:
+            c_gains[m_centred] = 0.5 * (np.log(ny + 1e-60) - np.log(nr))
+            m_centred += 1
         if ny > 0.0 and nr > 0.0:
             cs = dot / np.sqrt(ny * nr)
             total += cs
@@ -410,6 +419,14 @@ def relation(y, r, out, skip_zero, m_start, m_stride, reach, floor, typical, blo
                     high = gains[j] - mid
         out[2] = low
         out[3] = high
+    if centred:
+        low = 0.0
+        if m_centred > 0:
+            mid = np.median(c_gains[:m_centred])
+            for j in range(m_centred):
+                if mid - c_gains[j] > low:
+                    low = mid - c_gains[j]
+        out[5] = low
     if pairs:
         best = 0.0
         if k >= 2:

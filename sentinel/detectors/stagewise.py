@@ -92,6 +92,7 @@ DistanceName = Literal[
     "gain_low",
     "gain_high",
     "match",
+    "gain_centred",
 ]
 # The default: every pooled distance and the relation statistics. token_norm (max / median token norm) is left out:
 # honest gradients of the last stage grow single huge tokens as the model learns (max / median from ~3 to 20-570
@@ -102,8 +103,10 @@ DistanceName = Literal[
 # trained activations grow single tokens by far more than the others) and the clean message FPR of 200-step runs rose
 # from 0.44-0.87% to 0.69-1.77% (seeds 0-3), over the 1% the defaults aim at (issue-18 note, stop 30).
 # match (another input token explains an output token better than its own) sees a token copied from a neighbour,
-# which align_tail, on text, barely does (tokens.py; issue-18 note, stop 33).
-STATISTICS = DISTANCES + ("align", "align_tail", "gain_low", "match")
+# which align_tail, on text, barely does (tokens.py; issue-18 note, stop 33). gain_centred (gain_low of the centred
+# tokens) sees an activation token replaced by the message's mean token, whose direction and norm as sent barely move
+# (tokens.py; issue-18 note, stop 42); gradients skip it (`gradient_skip`).
+STATISTICS = DISTANCES + ("align", "align_tail", "gain_low", "match", "gain_centred")
 FLAG_MEMORY = 10  # steps: a sender's outliers teach the windows (capped) at most once in this many
 LOO_SENDERS = 3  # a sender is judged against its peers' traffic alone from this many live replicas (`SenderWindows`)
 PEER_DRIFT_Z = 3.0  # ... while no peer's recent evidence exceeds uniform p-values' by this many standard errors
@@ -147,10 +150,11 @@ class Sentinel(Detector):
             "on request)",
         )
         gradient_skip: tuple[DistanceName, ...] = spec(
-            ("l2_normalized",),
+            ("l2_normalized", "gain_centred"),
             help="statistics of `distances` not judged on gradient streams (default l2_normalized: a "
             "gradient's pooled mean is near-zero noise except on microbatches whose tokens' gradients align, where "
-            "it jumps 10-20x its recent RMS; l1 and z_mean carry its evidence); []: judge them all",
+            "it jumps 10-20x its recent RMS; l1 and z_mean carry its evidence; gain_centred: gain_low sees a "
+            "gradient token faded toward the mean, and the centred gains' honest tail is heavy); []: judge them all",
         )
         num_projections: int = spec(32, ge=1, le=1024, help="sliced Wasserstein: random directions")
         num_quantiles: int = spec(32, ge=2, le=1024, help="sliced Wasserstein: quantile levels per direction")
