@@ -8,7 +8,7 @@
     adaptive.py       fence_evasion, slow_drift, warmup_poisoning
     gating.py         intermittent, sparse (wrap any other attack)
     collusion.py      same_direction, undo_pair
-    tokens.py         token_permute, batch_permute, sequence_swap, microbatch_exchange, few_tokens, token_copy (token-level:
+    tokens.py         token_permute, batch_permute, sequence_swap, microbatch_exchange, few_tokens, token_copy, token_fade (token-level:
                       the multiset of token vectors kept, or a few tokens changed)
     assignment.py     who is malicious (seeded); schedule.py  when an attack acts
     layer.py          AdversaryLayer: the transport Interceptor; validation.py  scenario cross-checks

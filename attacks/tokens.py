@@ -16,6 +16,8 @@ detector. Only tensors of rank >= 3 are rearranged (a DP-sync vector has no toke
     few_tokens           an inner attack (any registered one) applied to a handful of tokens only
     token_copy           a handful of tokens overwritten by copies of nearby tokens of their sequence (one token
                          vector duplicated, one lost: the multiset moves by a few tokens, every vector is honest)
+    token_fade           a handful of tokens pulled toward the message's mean token (fade 1: replaced by it), the
+                         pooled mean kept exactly (one token at fade 1 keeps its direction from the mean)
 """
 
 from __future__ import annotations
@@ -196,6 +198,38 @@ class TokenCopy(Attack):
         out = v.clone()
         for b, t, u in zip(rows, cols, dist):
             out[b, t] = v[b, t - 1 - u % min(self.config.reach, t)]
+        return out.reshape(x.shape)
+
+
+@ATTACKS.register("token_fade")
+class TokenFade(Attack):
+    """Pull a few tokens toward the message's mean token, and keep the pooled mean exactly.
+
+    Formula: m = the mean token over all B x T; for `tokens` seeded positions i (distinct): x'[i] = m + (1 - fade)
+    (x[i] - m); then every token is shifted by the same vector, fade / (B T) x the sum of the faded tokens' x[j] - m,
+    so that the mean token of x' is m. After centring, a faded token is (1 - fade) (x[i] - m) plus that shift: one
+    token at fade 1 is its old centred self scaled by 1 / (B T), so its direction from the mean, and every cosine with
+    it, is kept; where tokens share a large mean (a residual stream) its norm as sent barely moves either, while the
+    receiver loses what the token carried (it learns the average token). No-op at tokens = 0 or fade = 0.
+    """
+
+    ROLES = TOKEN_ROLES
+    NOOP = {"tokens": 0}
+
+    @dataclasses.dataclass(frozen=True, kw_only=True)
+    class Config:
+        tokens: int = spec(1, ge=0, help="how many token positions of the message are faded")
+        fade: float = spec(1.0, ge=0, le=1, help="how far toward the mean token (1: replaced by it)")
+
+    def apply(self, x: torch.Tensor, ctx: AttackContext) -> torch.Tensor:
+        if x.dim() < 3 or self.config.tokens == 0 or self.config.fade == 0:
+            return x
+        flat = x.reshape(-1, x.shape[-1])
+        m = flat.mean(0)
+        rows = torch.randperm(flat.shape[0], generator=ctx.generator())[: self.config.tokens]
+        out = flat.clone()
+        out[rows] = m + (1.0 - self.config.fade) * (flat[rows] - m)
+        out += m - out.mean(0)
         return out.reshape(x.shape)
 
 

@@ -62,6 +62,19 @@ def test_a_token_copied_from_its_neighbour_is_banned_within_five_steps(role):
 
 
 @pytest.mark.slow
+def test_a_token_faded_to_the_mean_token_is_banned_within_five_steps():
+    """One activation token per message replaced by the message's mean token, the pooled mean kept (`token_fade`), on
+    text: after centring it is its old self scaled by 1 / (B T), so every cosine and, where tokens share a large mean,
+    its gain as sent stay put; its centred gain falls by log(B T) (`gain_centred`). Without gain_centred neither
+    attacker of this run was banned in its 24 steps (3 steps with it; on the synthetic source the gain as sent sees it
+    too, both banned in 1)."""
+    engine, malicious = run("data.source=text", "adversary.attacks=[{name: token_fade, role: activation, start: 10}]")
+    w = worker_metrics(engine.log, malicious)
+    assert sorted(w["banned"]) == sorted(malicious) and w["false_bans"] == 0
+    assert w["median_steps_to_ban"] <= 5
+
+
+@pytest.mark.slow
 def test_honest_text_traffic_keeps_the_false_alarm_rate_low():
     engine, _ = run("data.source=text", "adversary.attacks=[]", "training.steps=40")
     assert message_metrics(engine.log)["fpr"] <= 0.01 and len(engine.log.bans) == 0

@@ -86,3 +86,24 @@ def test_token_copy_overwrites_a_few_tokens_with_earlier_ones_of_their_sequence(
     assert make("token_copy", tokens=0).apply(X, ctx()) is X
     one = X[:, :1].clone()
     assert make("token_copy").apply(one, ctx()) is one  # one token per sequence: nothing earlier to copy
+
+
+@pytest.mark.parametrize("tokens, fade", [(1, 1.0), (2, 1.0), (2, 0.9)])
+def test_token_fade_keeps_the_pooled_mean_and_shrinks_a_few_tokens_toward_it(tokens, fade):
+    """The pooled mean is kept exactly; after centring, a faded token is (1 - fade) x its old centred self plus the
+    shift that keeps the mean (fade / (B T) x the sum of the faded tokens'): one token at fade 1 keeps its direction."""
+    y = make("token_fade", tokens=tokens, fade=fade).apply(X, ctx())
+    flat, new = X.reshape(-1, 8).double(), y.reshape(-1, 8).double()
+    torch.testing.assert_close(new.mean(0), flat.mean(0))
+    cx, cy = flat - flat.mean(0), new - new.mean(0)
+    faded = ((cy - cx).norm(dim=1) > 0.5 * cx.norm(dim=1)).nonzero().flatten()
+    assert len(faded) == tokens
+    shift = fade / len(flat) * cx[faded].sum(0)
+    torch.testing.assert_close(cy[faded], (1 - fade) * cx[faded] + shift)
+    if tokens == 1 and fade == 1.0:
+        cos = torch.nn.functional.cosine_similarity(cx[faded], cy[faded], dim=1)
+        assert float(cos) > 0.999 and float(cy[faded].norm() / cx[faded].norm()) == pytest.approx(1 / len(flat))
+    assert torch.equal(make("token_fade").apply(X, ctx()), make("token_fade").apply(X, ctx()))  # seeded
+    assert make("token_fade", tokens=0).apply(X, ctx()) is X and make("token_fade", fade=0.0).apply(X, ctx()) is X
+    v = torch.randn(5)
+    assert make("token_fade").apply(v, ctx()) is v  # no token axes
