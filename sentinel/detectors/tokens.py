@@ -37,7 +37,7 @@ centring, its old centred self scaled by 1 / N (N tokens): its direction is kept
 tokens share a large mean (a residual stream's activations) its norm as sent barely moves, so gain_low does not see
 it either. Its centred gain falls by log N. On held-out Markdown and Debian package bytes (8 layers x 40, 40-token
 activation messages) such a token gave gain_centred ~5.1 against honest maxima of 0.2-0.8 per stream, and its
-attackers went from 13.5-22 steps to ban (4 of 12 never) to 1 (issue-18 note, stop 42). Judged on activations only
+attackers went from 13.5-22 steps to ban (5 of 12 never) to 1 (issue-18 note, stop 42). Judged on activations only
 by default (`gradient_skip`): a gradient's mean token is small, so gain_low sees a faded gradient token, while the
 centred gains of tokens whose gradient is near the mean one make an honest tail that doubled the gradients' flags.
 Not on the first stage.
@@ -152,7 +152,8 @@ def relation(
     skip_zero: bool = False,
 ) -> bool:
     """Writes (align, align_tail[, gain_low, gain_high[, match[, gain_centred]]]) of `payload` against `reference` to
-    `out` (2, 4, 5 or 6 entries); False (out untouched) when there is no comparable reference (none, token ids, another shape).
+    `out` (2, 4, 5 or 6 entries); False (out untouched) when there is no comparable reference (none, token ids,
+    another shape).
     align, align_tail and the gains read every token (N C work); match compares every pair of the tokens the
     signature's moments sample (every s-th from `offset`, s = ceil(N / max_tokens); at most MATCH_TOKENS of them) and,
     when that leaves tokens out, also every token with its MATCH_REACH neighbours on each side (the local match).

@@ -272,7 +272,7 @@ def test_a_token_replaced_by_the_mean_token_moves_the_centred_gain_only(shift):
     not): after centring it is its old centred self scaled by 1 / N (N tokens), so its direction, and every cosine,
     is kept; where the tokens share a large mean (a residual stream), its norm as sent barely moves. Only its gain
     after centring sees it: log N below the others' (on held-out Markdown and dpkg bytes, 8 layers x 40, one such
-    token per activation message took 13.5-22 steps to ban, four attackers of six never, with message recall
+    token per activation message took 13.5-22 steps to ban, 5 attackers of 12 never, with message recall
     0.10-0.22; its centred gain was ~5.1 against honest maxima of 0.2-0.8: issue-18 note, stop 42)."""
     g = torch.Generator().manual_seed(5)
     r = torch.randn(4, 16, 32, generator=g) + 3.0  # a large shared mean, as a residual stream has
