@@ -220,14 +220,16 @@ def reference_gains(y: np.ndarray, r: np.ndarray, centred: bool = False) -> tupl
 
 
 @pytest.mark.parametrize("seed", range(3))
-def test_gain_kernel_is_the_numpy_definition(seed):
+def test_gain_kernels_are_the_numpy_definition(seed):
+    """gain_low and gain_high (four entries), and gain_centred (six; the first five as with five entries)."""
     y, r = residual_pair(seed)
-    out = np.empty(4)
-    assert relation(y, r, out)
-    np.testing.assert_allclose(out[:2], reference_relation(y.numpy(), r.numpy()), rtol=1e-9, atol=1e-12)
-    np.testing.assert_allclose(out[2:], reference_gains(y.numpy(), r.numpy()), rtol=1e-9, atol=1e-12)
-    assert relation(y, r, out, max_tokens=16, offset=3)  # 64 tokens, the moments read 16: the gains read all
-    np.testing.assert_allclose(out[2:], reference_gains(y.numpy(), r.numpy()), rtol=1e-9, atol=1e-12)
+    out, five = np.empty(6), np.empty(5)
+    for kw in ({}, {"max_tokens": 16, "offset": 3}):  # 64 tokens, the moments read 16: the gains read all
+        assert relation(y, r, out, **kw) and relation(y, r, five, **kw)
+        np.testing.assert_allclose(out[:2], reference_relation(y.numpy(), r.numpy()), rtol=1e-9, atol=1e-12)
+        np.testing.assert_allclose(out[2:4], reference_gains(y.numpy(), r.numpy()), rtol=1e-9, atol=1e-12)
+        assert out[5] == pytest.approx(reference_gains(y.numpy(), r.numpy(), centred=True)[0], rel=1e-9, abs=1e-12)
+        np.testing.assert_array_equal(five, out[:5])
 
 
 @pytest.mark.parametrize("factor", [10.0, 0.05, 0.0])
@@ -244,19 +246,6 @@ def test_a_few_rescaled_tokens_move_the_gain_not_the_direction(factor):
     assert honest[side] < 0.5 and bad[side] > 1.5 and bad[5 - side] < 0.5
     if factor > 1:
         assert bad[1] - honest[1] < 0.3  # the direction test alone would not see it
-
-
-@pytest.mark.parametrize("seed", range(3))
-def test_centred_gain_kernel_is_the_numpy_definition(seed):
-    y, r = residual_pair(seed)
-    out = np.empty(6)
-    assert relation(y, r, out)
-    np.testing.assert_allclose(out[:2], reference_relation(y.numpy(), r.numpy()), rtol=1e-9, atol=1e-12)
-    np.testing.assert_allclose(out[2:4], reference_gains(y.numpy(), r.numpy()), rtol=1e-9, atol=1e-12)
-    assert out[5] == pytest.approx(reference_gains(y.numpy(), r.numpy(), centred=True)[0], rel=1e-9, abs=1e-12)
-    five = np.empty(5)
-    assert relation(y, r, five)  # five entries: the same, without the centred gain
-    np.testing.assert_array_equal(five, out[:5])
 
 
 @pytest.mark.parametrize("shift", [True, False])
