@@ -18,11 +18,14 @@ detector. Only tensors of rank >= 3 are rearranged (a DP-sync vector has no toke
                          vector duplicated, one lost: the multiset moves by a few tokens, every vector is honest)
     token_fade           a handful of tokens pulled toward the message's mean token (fade 1: replaced by it), the
                          pooled mean kept exactly (one token at fade 1 keeps its direction from the mean)
+    token_turn           a handful of tokens turned by a chosen angle toward a random direction, each one's norm
+                         kept exactly (90 degrees: orthogonal to what was computed; 180: negated)
 """
 
 from __future__ import annotations
 
 import dataclasses
+import math
 from typing import Any
 
 import torch
@@ -230,6 +233,42 @@ class TokenFade(Attack):
         out = flat.clone()
         out[rows] = m + (1.0 - self.config.fade) * (flat[rows] - m)
         out += m - out.mean(0)
+        return out.reshape(x.shape)
+
+
+@ATTACKS.register("token_turn")
+class TokenTurn(Attack):
+    """Turn a few tokens by a chosen angle toward random directions, each token's norm kept exactly.
+
+    Formula: for `tokens` seeded positions i (distinct, over all B x T): x'[i] = cos(a) x[i] + sin(a) |x[i]| u_i, u_i
+    a seeded random unit vector orthogonal to x[i], a = `angle` degrees; every other token as computed. The token's
+    norm is kept and its cosine with what was computed is cos(a) exactly: at 90 degrees it carries none of it on (what
+    `retain` sees), at 180 it is negated. A token of zero norm stays zero. No-op at tokens = 0 or angle = 0.
+    """
+
+    ROLES = TOKEN_ROLES
+    NOOP = {"tokens": 0}
+
+    @dataclasses.dataclass(frozen=True, kw_only=True)
+    class Config:
+        tokens: int = spec(1, ge=0, help="how many token positions of the message are turned")
+        angle: float = spec(90.0, ge=0, le=180, help="degrees each token turns (90: orthogonal, 180: negated)")
+
+    def apply(self, x: torch.Tensor, ctx: AttackContext) -> torch.Tensor:
+        if x.dim() < 3 or self.config.tokens == 0 or self.config.angle == 0:
+            return x
+        flat = x.reshape(-1, x.shape[-1])
+        gen = ctx.generator()
+        rows = torch.randperm(flat.shape[0], generator=gen)[: self.config.tokens]
+        t = flat[rows].double()
+        norm = t.norm(dim=1, keepdim=True)
+        unit = t / norm.clamp_min(1e-300)
+        u = torch.randn(t.shape, generator=gen, dtype=torch.float64)
+        u -= (u * unit).sum(1, keepdim=True) * unit  # orthogonal to the token
+        u /= u.norm(dim=1, keepdim=True).clamp_min(1e-300)
+        a = math.radians(self.config.angle)
+        out = flat.clone()
+        out[rows] = (math.cos(a) * t + math.sin(a) * norm * u).to(flat.dtype)
         return out.reshape(x.shape)
 
 

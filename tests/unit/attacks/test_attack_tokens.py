@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 
@@ -107,3 +109,20 @@ def test_token_fade_keeps_the_pooled_mean_and_shrinks_a_few_tokens_toward_it(tok
     assert make("token_fade", tokens=0).apply(X, ctx()) is X and make("token_fade", fade=0.0).apply(X, ctx()) is X
     v = torch.randn(5)
     assert make("token_fade").apply(v, ctx()) is v  # no token axes
+
+
+@pytest.mark.parametrize(("tokens", "angle"), [(1, 90.0), (3, 45.0), (2, 180.0)])
+def test_token_turn_keeps_each_norm_and_turns_a_few_tokens_by_the_angle(tokens, angle):
+    """Only `tokens` rows change; each keeps its norm, and its cosine with what was computed is cos(angle)."""
+    y = make("token_turn", tokens=tokens, angle=angle).apply(X, ctx())
+    flat, new = X.reshape(-1, 8).double(), y.reshape(-1, 8).double()
+    turned = (new - flat).norm(dim=1) > 1e-6
+    assert int(turned.sum()) == tokens
+    torch.testing.assert_close(new.norm(dim=1), flat.norm(dim=1))
+    cos = torch.nn.functional.cosine_similarity(new[turned], flat[turned], dim=1)
+    torch.testing.assert_close(cos, torch.full_like(cos, math.cos(math.radians(angle))), atol=1e-5, rtol=0)
+    assert torch.equal(make("token_turn").apply(X, ctx()), make("token_turn").apply(X, ctx()))  # seeded
+    assert not torch.equal(make("token_turn").apply(X, ctx()), make("token_turn").apply(X, ctx(step=4)))
+    assert make("token_turn", tokens=0).apply(X, ctx()) is X and make("token_turn", angle=0.0).apply(X, ctx()) is X
+    v = torch.randn(5)
+    assert make("token_turn").apply(v, ctx()) is v  # no token axes
