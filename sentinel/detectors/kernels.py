@@ -290,7 +290,10 @@ def relation(y, r, out, skip_zero, m_start, m_stride, reach, floor, typical, blo
         multiply-adds each (`distances.BLAS_SINGLE_THREAD_MNK`: OpenBLAS computes those in the calling thread);
       out[5] = max_i (m' - g'_i) (gain_centred; with six entries): g'_i = log(|y_i - ybar| / |r_i - rbar|), the gain
         of the centred tokens of out[0] (centred by the means over every row), m' their median, over the rows with a
-        non-zero centred r_i (0 when none).
+        non-zero centred r_i (0 when none);
+      out[6] = max_i (m'' - a_i) (retain; with seven entries): a_i = <y_i, r_i> / |r_i|^2 on the tokens as sent, the
+        share of its own input a token carries on, m'' their median over the rows with r_i != 0, the max over those
+        that received at least the median |r_j|^2 / TYPICAL_RECEIVED^2 (|r_i| >= median / e; 0 when none).
     Returns the local match (`reach` > 0 and five entries; else -inf): the same over every row, centred by the
     means over every row, with the candidates j restricted to the rows at most `reach` positions away (N 2 reach C
     work: every output token against its neighbours' inputs, where a copied token comes from; 0.0 with fewer than
@@ -298,13 +301,15 @@ def relation(y, r, out, skip_zero, m_start, m_stride, reach, floor, typical, blo
     message cost 16 of 23 ms in allocation alone).
 
     `skip_zero`: a token exactly zero in y or in r (a codec dropped it whole, `DetectorEnv.zeroed_roles`) takes no
-    part in the cosines and the gains (it still counts in the means). float64 sums; `fastmath` (reassociated sums,
-    vectorised dot products) is fine: nothing here needs to match another computation bit for bit. One compiled call
-    for what were three: between training operations each call costs its own cold start (see the module docstring).
+    part in the cosines, the gains and the shares (it still counts in the means). float64 sums; `fastmath`
+    (reassociated sums, vectorised dot products) is fine: nothing here needs to match another computation bit for bit.
+    One compiled call for what were three: between training operations each call costs its own cold start (see the
+    module docstring).
     """
     n, C = y.shape
     pairs = out.shape[0] > 4
     centred = out.shape[0] > 5
+    kept = out.shape[0] > 6
     local = pairs and reach > 0
     # the means: over every row, and over the match's rows
     my = np.zeros(C)
@@ -337,6 +342,8 @@ def relation(y, r, out, skip_zero, m_start, m_stride, reach, floor, typical, blo
     m_gain = 0
     c_gains = np.empty(n if centred else 0)  # the centred tokens' gains
     m_centred = 0
+    shares = np.empty(n if kept else 0)  # <y_i, r_i> / |r_i|^2
+    m_kept = 0
     inv_y = np.zeros(n if local else 0)  # 1 / centred norm of each row (0: left out of the local match)
     inv_r = np.zeros(n if local else 0)
     as_sent = np.empty(n if local else 0)  # |r_i|^2 by row
@@ -352,6 +359,7 @@ def relation(y, r, out, skip_zero, m_start, m_stride, reach, floor, typical, blo
         nr = 0.0
         s_y = 0.0
         s_r = 0.0
+        s_yr = 0.0
         for c in range(C):
             yv = np.float64(y[i, c])
             rv = np.float64(r[i, c])
@@ -362,6 +370,7 @@ def relation(y, r, out, skip_zero, m_start, m_stride, reach, floor, typical, blo
             nr += b * b
             s_y += yv * yv
             s_r += rv * rv
+            s_yr += yv * rv
         if local:
             as_sent[i] = s_r
             if ny > 0.0 and nr > 0.0:
@@ -391,6 +400,9 @@ def relation(y, r, out, skip_zero, m_start, m_stride, reach, floor, typical, blo
             gains[m_gain] = 0.5 * (np.log(s_y + 1e-60) - np.log(s_r))
             received[m_gain] = s_r
             m_gain += 1
+            if kept:
+                shares[m_kept] = s_yr / s_r
+                m_kept += 1
         if centred and nr > 0.0:
             c_gains[m_centred] = 0.5 * (np.log(ny + 1e-60) - np.log(nr))
             m_centred += 1
@@ -427,6 +439,15 @@ def relation(y, r, out, skip_zero, m_start, m_stride, reach, floor, typical, blo
                 if mid - c_gains[j] > low:
                     low = mid - c_gains[j]
         out[5] = low
+    if kept:
+        low = 0.0
+        if m_kept > 0:
+            mid = np.median(shares[:m_kept])
+            least = np.median(received[:m_gain]) / TYPICAL_RECEIVED**2  # tokens of |r_i| >= median / e: not tiny
+            for j in range(m_kept):
+                if mid - shares[j] > low and received[j] >= least:
+                    low = mid - shares[j]
+        out[6] = low
     if pairs:
         best = 0.0
         if k >= 2:

@@ -10,7 +10,8 @@ Per stream:
     baseline   bias-corrected EMA of message signatures (decay beta_act forward, beta_grad backward); token
                clipping first (a token longer than `token_clip` x the median is scaled down, `distances.py`)
     statistics pooled distances to the baseline (`distances.py`) and token-level relations to what the sender
-               received (`tokens.py`: align, align_tail, gain_low, match; token_norm and gain_high on request)
+               received (`tokens.py`: align, align_tail, gain_low, match, gain_centred on activations, retain on
+               gradients; token_norm and gain_high on request)
     calibrated (default) each statistic's tail probability under the stream's honest traffic, from a
                generalised Pareto tail fitted to a window of its last `window` accepted values (in the tail, the
                larger of that and the same fit to the `recent` latest values: drift faster than the window follows)
@@ -67,6 +68,7 @@ from sentinel.detectors.tokens import (
     NOT_ON_IDS,
     RELATION,
     RELATION_STATS,
+    RETAIN_RESOLUTION,
     IdRelation,
     has_reference,
     is_token_ids,
@@ -93,6 +95,7 @@ DistanceName = Literal[
     "gain_high",
     "match",
     "gain_centred",
+    "retain",
 ]
 # The default: every pooled distance and the relation statistics. token_norm (max / median token norm) is left out:
 # honest gradients of the last stage grow single huge tokens as the model learns (max / median from ~3 to 20-570
@@ -105,8 +108,10 @@ DistanceName = Literal[
 # match (another input token explains an output token better than its own) sees a token copied from a neighbour,
 # which align_tail, on text, barely does (tokens.py; issue-18 note, stop 33). gain_centred (gain_low of the centred
 # tokens) sees an activation token replaced by the message's mean token, whose direction and norm as sent barely move
-# (tokens.py; issue-18 note, stop 42); gradients skip it (`gradient_skip`).
-STATISTICS = DISTANCES + ("align", "align_tail", "gain_low", "match", "gain_centred")
+# (tokens.py; issue-18 note, stop 42); gradients skip it (`gradient_skip`). retain (the share of its own input a token
+# carries on) sees a gradient token turned away from what it received (random signs, a rotation), which align_tail's
+# honest tail hides once the model trains (tokens.py; issue-18 note, stop 43); activations skip it (`activation_skip`).
+STATISTICS = DISTANCES + ("align", "align_tail", "gain_low", "match", "gain_centred", "retain")
 FLAG_MEMORY = 10  # steps: a sender's outliers teach the windows (capped) at most once in this many
 LOO_SENDERS = 3  # a sender is judged against its peers' traffic alone from this many live replicas (`SenderWindows`)
 PEER_DRIFT_Z = 3.0  # ... while no peer's recent evidence exceeds uniform p-values' by this many standard errors
@@ -146,8 +151,8 @@ class Sentinel(Detector):
         distances: tuple[DistanceName, ...] = spec(
             STATISTICS,
             help="statistics judged: the pooled distances to the baseline and the token-level ones "
-            "(tokens.py: align, align_tail, gain_low and match where the sender's input is known; token_norm and gain_high "
-            "on request)",
+            "(tokens.py: align, align_tail, gain_low, match, gain_centred and retain where the sender's input is "
+            "known; token_norm and gain_high on request)",
         )
         gradient_skip: tuple[DistanceName, ...] = spec(
             ("l2_normalized", "gain_centred"),
@@ -155,6 +160,12 @@ class Sentinel(Detector):
             "gradient's pooled mean is near-zero noise except on microbatches whose tokens' gradients align, where "
             "it jumps 10-20x its recent RMS; l1 and z_mean carry its evidence; gain_centred: gain_low sees a "
             "gradient token faded toward the mean, and the centred gains' honest tail is heavy); []: judge them all",
+        )
+        activation_skip: tuple[DistanceName, ...] = spec(
+            ("retain",),
+            help="statistics of `distances` not judged on activation streams (default retain: its honest activation "
+            "tail drifts as the model trains, and align_tail sees an activation token turned away from its input "
+            "once the windows hold trained traffic); []: judge them all",
         )
         num_projections: int = spec(32, ge=1, le=1024, help="sliced Wasserstein: random directions")
         num_quantiles: int = spec(32, ge=2, le=1024, help="sliced Wasserstein: quantile levels per direction")
@@ -239,6 +250,14 @@ class Sentinel(Detector):
                     "gradient_skip",
                     f"leaves gradients no statistic of distances {list(cfg.distances)}: judge at least one "
                     "(e.g. gradient_skip: [])",
+                )
+            )
+        elif not set(cfg.distances) - set(cfg.activation_skip):
+            out.append(
+                (
+                    "activation_skip",
+                    f"leaves activations no statistic of distances {list(cfg.distances)}: judge at least one "
+                    "(e.g. activation_skip: [])",
                 )
             )
         if cfg.weights and len(cfg.weights) != len(cfg.distances):
@@ -366,7 +385,7 @@ class Sentinel(Detector):
         ref = reference_of(self.env, msg)
         has_ref = has_reference(msg.payload, ref)
         self._ids_now = None
-        skip = self.config.gradient_skip if msg.role == Role.GRADIENT else ()
+        skip = self.config.gradient_skip if msg.role == Role.GRADIENT else self.config.activation_skip
         if is_token_ids(ref, msg.payload):  # the first stage: the relation is to its input token ids
             st.ids = IdRelation(self.config.num_projections, self.config.beta_act)
             self._ids_now = self._sampled_ids(msg.payload, ref, offset)
@@ -375,6 +394,7 @@ class Sentinel(Detector):
         st.setup(self.config, tuple(n for n in self.names if (has_ref or n not in RELATION_STATS) and n not in skip))
         res = resolutions(st.names, lay)
         res[[i for i, n in enumerate(st.names) if n == "match"]] = MATCH_RESOLUTION
+        res[[i for i, n in enumerate(st.names) if n == "retain"]] = RETAIN_RESOLUTION
         st.fences.set_resolution(res)
         self._learn(st, sig, lay, msg)
         return Verdict({}, False)

@@ -3,8 +3,9 @@
 Every pooled statistic of `distances.py` (per-feature means, moments, sliced quantiles of the token cloud)
 is a function of the *multiset* of token vectors: it does not change when a sender reorders its tokens
 along the sequence or the batch, exchanges whole sequences or microbatches, or alters a handful of
-tokens among hundreds. Seven statistics look at tokens one by one (all "larger = more anomalous"; judged by
-default: align, align_tail, gain_low, match, gain_centred (activations); token_norm and gain_high on request):
+tokens among hundreds. Eight statistics look at tokens one by one (all "larger = more anomalous"; judged by
+default: align, align_tail, gain_low, match, gain_centred (activations), retain (gradients); token_norm and gain_high
+on request):
 
     token_norm   max_i |x_i| / median_i |x_i|         (few tokens scaled up; measured before clipping)
     align        1 - mean_i cos(y_i - ybar, r_i - rbar)   (the relation between what a stage received and
@@ -41,6 +42,32 @@ attackers went from 13.5-22 steps to ban (5 of 12 never) to 1 (issue-18 note, st
 by default (`gradient_skip`): a gradient's mean token is small, so gain_low sees a faded gradient token, while the
 centred gains of tokens whose gradient is near the mean one make an honest tail that doubled the gradients' flags.
 Not on the first stage.
+
+    retain       max_i (m'' - a_i)  a_i = <y_i, r_i> / |r_i|^2, the share of its own input a token carries on (as
+                                    sent, not centred), m'' its median; i over the tokens that received at least
+                                    1/e of the median magnitude (|r_i|^2 >= the median / TYPICAL_RECEIVED^2)
+
+A residual stage passes its input on: h_out = h_in + F(h_in) forward, g_out = g_in + J_F^T g_in backward, so a_i = 1 +
+<u_i, r_i> / |r_i|^2 for the update u_i it adds. An update roughly orthogonal to the input leaves a_i ~ 1 however
+large it is, while it takes the token's cosine with its input down: a gradient token's update is J_F^T g, what later
+tokens send back through attention and the MLP, and once a model trains it can be as large as the token's own
+gradient, so `align_tail`'s honest tail grows with training. A token whose direction an attacker changes (random
+signs, a rotation, another token's vector) carries ~none of its input on: a_i ~ 0. On held-out HTML bytes (6 layers x
+48, a 5 x 3 mesh, seed 91, steps 25-70) the honest gradients' align_tail reached maxima of 0.78-1.12 per stream and
+a token given random signs sat at 1.04-1.24 (median), within or just beyond that tail; its retain was 1.06-1.27
+against honest maxima of 0.35-0.58. A share is a fraction of the input, so shortfalls closer than RETAIN_RESOLUTION
+(0.05) are not judged a spread: where a stream's honest shares sat within 0.02 of each other early in training, their
+drift to 0.1-0.3 later banned an honest replica (held-out Python bytes). A token that received almost nothing has a
+share made of its update alone, whatever its sign: over every token, retain raised the activations' honest flags of
+40 held-out runs (Markdown and dpkg bytes) from 68 to 102; over the tokens that received at least 1/e of the median,
+66 (issue-18 note, stop 43). Judged on gradients only by default (`activation_skip`): as a model trains, the
+spread of its activation tokens' shares grows with its residual updates, and in an asynchronous mesh with
+stragglers (`compression/attacks_async.yaml`, seed 5) both honest replicas left in a stage drifted from ~0.15 to
+0.3-0.5 within ten steps and one was banned. Judged on activations too, an activation token turned by 90 degrees
+(`token_turn`) on the paper mesh with byte-level text is banned 5.5 steps into an attack from step 10 (20.5
+without) and 6.5 into one from step 30 (7 without). Not covered: a token given an update orthogonal to its input
+(noise, a different residual update of a typical size), which is what an honest update looks like, and a tampered
+token that received almost nothing. Not on the first stage.
 
     match        max_i log[(1 - cos(y_i, r_i)) / (1 - max_j cos(y_i, r_j))]   (both centred; j != i over the tokens
                  that received a typical magnitude; each 1 - cos floored at MATCH_FLOOR; i and j over the sampled
@@ -108,10 +135,10 @@ from sentinel.detectors.calibration import LOG_FLOOR
 from sentinel.detectors.distances import BLAS_SINGLE_THREAD_MNK as BLOCK
 from sentinel.detectors.distances import kernels
 
-TOKEN_STATS = ("token_norm", "align", "align_tail", "gain_low", "gain_high", "match", "gain_centred")
+TOKEN_STATS = ("token_norm", "align", "align_tail", "gain_low", "gain_high", "match", "gain_centred", "retain")
 GAIN_STATS = ("gain_low", "gain_high")
-NOT_ON_IDS = (*GAIN_STATS, "match", "gain_centred")  # not on the first stage: its input is token ids
-RELATION = ("align", "align_tail", *GAIN_STATS, "match", "gain_centred")  # what `relation` writes, in order
+NOT_ON_IDS = (*GAIN_STATS, "match", "gain_centred", "retain")  # not on the first stage: its input is token ids
+RELATION = ("align", "align_tail", *GAIN_STATS, "match", "gain_centred", "retain")  # what `relation` writes, in order
 RELATION_STATS = frozenset(RELATION)  # NaN where the sender's input is not available
 MATCH_FLOOR = 1e-4  # `match`: a cosine within this of 1 is as good as equal
 # `match` is a log ratio, so like a log-scaled statistic (calibration.LOG_FLOOR) it is not judged on a finer scale
@@ -119,6 +146,7 @@ MATCH_FLOOR = 1e-4  # `match`: a cosine within this of 1 is as good as equal
 # token explained 1.7% better is not a spread. With the default 1e-12 floor such windows made match 0.017 and 0.046
 # p ~ 1e-44 and 1e-120 on a straggler's gradients (16 x 11 async mesh), and two messages banned it.
 MATCH_RESOLUTION = LOG_FLOOR
+RETAIN_RESOLUTION = 0.05  # `retain` is a share of a token's input: shortfalls closer than 5% of it are not a spread
 MATCH_TOKENS = 256  # `match` compares every pair of at most this many tokens (the default `max_tokens` is 128)
 MATCH_REACH = 4  # ... and, on longer messages, every token with the inputs of this many neighbours on each side
 
@@ -151,14 +179,14 @@ def relation(
     offset: int = 0,
     skip_zero: bool = False,
 ) -> bool:
-    """Writes (align, align_tail[, gain_low, gain_high[, match[, gain_centred]]]) of `payload` against `reference` to
-    `out` (2, 4, 5 or 6 entries); False (out untouched) when there is no comparable reference (none, token ids,
-    another shape).
-    align, align_tail and the gains read every token (N C work); match compares every pair of the tokens the
+    """Writes (align, align_tail[, gain_low, gain_high[, match[, gain_centred[, retain]]]]) of `payload` against
+    `reference` to `out` (2, 4, 5, 6 or 7 entries); False (out untouched) when there is no comparable reference (none,
+    token ids, another shape).
+    align, align_tail, the gains and retain read every token (N C work); match compares every pair of the tokens the
     signature's moments sample (every s-th from `offset`, s = ceil(N / max_tokens); at most MATCH_TOKENS of them) and,
     when that leaves tokens out, also every token with its MATCH_REACH neighbours on each side (the local match).
-    `skip_zero`: tokens exactly zero in the payload or the reference are left out of align, align_tail and the
-    gains (traffic whose codec drops tokens whole: `DetectorEnv.zeroed_roles`)."""
+    `skip_zero`: tokens exactly zero in the payload or the reference are left out of align, align_tail, the gains
+    and retain (traffic whose codec drops tokens whole: `DetectorEnv.zeroed_roles`)."""
     if not has_reference(payload, reference):
         return False
     y, r = _tokens(payload), _tokens(reference)

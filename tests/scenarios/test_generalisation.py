@@ -75,6 +75,19 @@ def test_a_token_faded_to_the_mean_token_is_banned_within_five_steps():
 
 
 @pytest.mark.slow
+def test_a_gradient_token_turned_away_from_what_it_received_is_banned_within_five_steps():
+    """One gradient token per message turned by 90 degrees, its norm kept (`token_turn`), on text. A backward pass mixes
+    tokens, so once the model trains honest gradient tokens turn away from what they received, and `align_tail`'s honest
+    tail reaches the turned token's. An honest token still carries its own received gradient on (the update a stage
+    adds is roughly orthogonal to it); the turned one carries none (`retain`). Without retain this run's attackers
+    took 3 and 14 steps."""
+    engine, malicious = run("data.source=text", "adversary.attacks=[{name: token_turn, role: gradient, start: 10}]")
+    w = worker_metrics(engine.log, malicious)
+    assert sorted(w["banned"]) == sorted(malicious) and w["false_bans"] == 0
+    assert w["median_steps_to_ban"] <= 5
+
+
+@pytest.mark.slow
 def test_honest_text_traffic_keeps_the_false_alarm_rate_low():
     engine, _ = run("data.source=text", "adversary.attacks=[]", "training.steps=40")
     assert message_metrics(engine.log)["fpr"] <= 0.01 and len(engine.log.bans) == 0

@@ -242,6 +242,19 @@ def test_gradient_streams_skip_what_gradient_skip_names():
     assert "gradient_skip" in problems
 
 
+def test_activation_streams_skip_what_activation_skip_names():
+    """By default activations are judged without retain (gradients only); what `activation_skip` names is left out of
+    the activation streams alone, and a list that leaves activations nothing is a located config error."""
+    assert Sentinel.Config().activation_skip == ("retain",) and "retain" in Sentinel.Config().distances
+    det = small(activation_skip=("l1",))
+    feed(det, 6)
+    feed(det, 6, Role.ACTIVATION)
+    assert "l1" not in det._streams[(0, int(Role.ACTIVATION))].names
+    assert "l1" in det._streams[(0, int(Role.GRADIENT))].names
+    problems = dict(Sentinel.check_config(Sentinel.Config(distances=("retain",), gradient_skip=())))
+    assert "activation_skip" in problems
+
+
 def test_accepted_outliers_share_the_senders_flag_budget():
     """An accepted message with a statistic at p < CAP_P teaches it (capped) once per sender every FLAG_MEMORY steps,
     the budget flagged messages use: a sender accepted just under the level every step cannot fatten a tail."""

@@ -219,17 +219,58 @@ def reference_gains(y: np.ndarray, r: np.ndarray, centred: bool = False) -> tupl
     return max(0.0, float((m - g).max())), max(0.0, float((g - m)[typical].max()))
 
 
+def reference_retain(y: np.ndarray, r: np.ndarray) -> float:
+    """max_i (m - a_i), a_i = <y_i, r_i> / |r_i|^2 over the tokens with r_i != 0, m the median of the a_i, the max over
+    the tokens with |r_i| >= the median |r_j| / e (on squares: e^2)."""
+    y, r = y.reshape(-1, y.shape[-1]).astype(np.float64), r.reshape(-1, r.shape[-1]).astype(np.float64)
+    nr = (r * r).sum(1)
+    ok = nr > 0
+    if not ok.any():
+        return 0.0
+    a = (y * r).sum(1)[ok] / nr[ok]
+    big = nr[ok] >= np.median(nr[ok]) / np.e**2
+    return max(0.0, float((np.median(a) - a)[big].max()))
+
+
 @pytest.mark.parametrize("seed", range(3))
 def test_gain_kernels_are_the_numpy_definition(seed):
-    """gain_low and gain_high (four entries), and gain_centred (six; the first five as with five entries)."""
+    """gain_low and gain_high (four entries), gain_centred (six) and retain (seven; the first entries as with fewer)."""
     y, r = residual_pair(seed)
-    out, five = np.empty(6), np.empty(5)
+    if seed == 2:
+        r.view(-1, 32)[11] = 0.0  # a token that received nothing: no gain, no share
+        r.view(-1, 32)[12] *= 0.01  # one that received almost nothing: its share is its update's, left out of the max
+        y.view(-1, 32)[12] = -y.view(-1, 32)[12]
+    out, five = np.empty(7), np.empty(5)
     for kw in ({}, {"max_tokens": 16, "offset": 3}):  # 64 tokens, the moments read 16: the gains read all
         assert relation(y, r, out, **kw) and relation(y, r, five, **kw)
         np.testing.assert_allclose(out[:2], reference_relation(y.numpy(), r.numpy()), rtol=1e-9, atol=1e-12)
         np.testing.assert_allclose(out[2:4], reference_gains(y.numpy(), r.numpy()), rtol=1e-9, atol=1e-12)
         assert out[5] == pytest.approx(reference_gains(y.numpy(), r.numpy(), centred=True)[0], rel=1e-9, abs=1e-12)
+        assert out[6] == pytest.approx(reference_retain(y.numpy(), r.numpy()), rel=1e-9, abs=1e-12)
         np.testing.assert_array_equal(five, out[:5])
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_a_token_turned_away_from_its_input_keeps_little_of_it(seed):
+    """A residual stage passes its input on: its output token carries all of its input token, <y_i, r_i> / |r_i|^2 ~ 1,
+    however large the update it adds, as long as the update is roughly orthogonal to the input (as a gradient's
+    J^T g mostly is). Its cosine with its input does fall, so `align_tail` has an honest tail that grows with the
+    updates. A token whose direction an attacker changes (random signs, a rotation) carries ~none of its input on:
+    `retain` (the largest shortfall of that share below the message's median) sees it at ~1 against ~0."""
+    g = torch.Generator().manual_seed(seed)
+    r = torch.randn(4, 16, 64, generator=g)
+    update = torch.randn(4, 16, 64, generator=g) * torch.rand(4, 16, 1, generator=g) * 3.0  # up to 3x the input
+    update -= (update * r).sum(-1, keepdim=True) / (r * r).sum(-1, keepdim=True) * r  # orthogonal to it
+    y = r + update
+    t = y.clone()
+    signs = torch.randint(0, 2, (64,), generator=g) * 2.0 - 1.0
+    i = int(update.view(-1, 64).norm(dim=1).argmin())  # a token mostly its input (an update of ~3x would hide it)
+    t.view(-1, 64)[i] = y.view(-1, 64)[i] * signs  # the magnitudes as computed, random signs
+    honest, bad = np.empty(7), np.empty(7)
+    relation(y, r, honest)
+    relation(t, r, bad)
+    assert honest[1] > 0.5  # align_tail: honest tokens whose cosine with their input fell to ~0.3-0.5
+    assert honest[6] < 1e-5 and bad[6] > 0.5
 
 
 @pytest.mark.parametrize("factor", [10.0, 0.05, 0.0])
