@@ -65,9 +65,11 @@ spread of its activation tokens' shares grows with its residual updates, and in 
 stragglers (`compression/attacks_async.yaml`, seed 5) both honest replicas left in a stage drifted from ~0.15 to
 0.3-0.5 within ten steps and one was banned. Judged on activations too, an activation token turned by 90 degrees
 (`token_turn`) on the paper mesh with byte-level text is banned 5.5 steps into an attack from step 10 (20.5
-without) and 6.5 into one from step 30 (7 without). Not covered: a token given an update orthogonal to its input
-(noise, a different residual update of a typical size), which is what an honest update looks like, and a tampered
-token that received almost nothing. Not on the first stage.
+without) and 6.5 into one from step 30 (7 without). Not judged where the codec drops entries (top-k, random masks:
+`DetectorEnv.zeroed_roles`): a share is then the overlap of the sender's mask with its input's, and judged there
+retain took the message FPR of random masks on byte-level text (4 x 64, seeds 0-1) from 0.05-0.42% to 0.36-1.22%.
+Not covered: a token given an update orthogonal to its input (noise, a different residual update of a typical size),
+which is what an honest update looks like, and a tampered token that received almost nothing. Not on the first stage.
 
     match        max_i log[(1 - cos(y_i, r_i)) / (1 - max_j cos(y_i, r_j))]   (both centred; j != i over the tokens
                  that received a typical magnitude; each 1 - cos floored at MATCH_FLOOR; i and j over the sampled

@@ -441,3 +441,32 @@ def test_match_is_judged_no_finer_than_one_percent():
     det.observe(Message(0, 0, 1, Role.ACTIVATION, "s1r0", "s2r0", x_in + 0.1 * torch.randn_like(x_in)))
     st = det._streams[(1, int(Role.ACTIVATION))]
     assert st.fences.resolution[st.names.index("match")] == MATCH_RESOLUTION
+
+
+def test_retain_is_judged_on_gradients_only_and_not_where_a_codec_drops_entries():
+    """retain is a gradient statistic by default (`activation_skip`), judged no finer than RETAIN_RESOLUTION; a codec
+    that drops entries (top-k, random masks: `DetectorEnv.zeroed_roles`) makes a token's share the overlap of two masks,
+    so such a role does not judge it."""
+    from sentinel.detectors.base import DetectorEnv
+    from sentinel.detectors.stagewise import Sentinel
+    from sentinel.detectors.tokens import RETAIN_RESOLUTION
+    from sentinel.transport.message import Message, Role
+    from sentinel.transport.relay import SenderInputs
+
+    g = torch.Generator().manual_seed(0)
+    x_in, g_in = torch.randn(2, 8, 16, generator=g), torch.randn(2, 8, 16, generator=g)
+
+    def streams(zeroed):
+        env = DetectorEnv(
+            sender_inputs=lambda msg: SenderInputs((0, 0, 1, int(msg.role)), x_in, g_in), zeroed_roles=zeroed
+        )
+        det = Sentinel(Sentinel.Config(), env=env)
+        det.observe(Message(0, 0, 1, Role.ACTIVATION, "s1r0", "s2r0", x_in + 0.1 * torch.randn_like(x_in)))
+        det.observe(Message(0, 0, 1, Role.GRADIENT, "s2r0", "s1r0", g_in + 0.1 * torch.randn_like(g_in)))
+        return det._streams[(1, int(Role.ACTIVATION))], det._streams[(1, int(Role.GRADIENT))]
+
+    act, grad = streams(frozenset())
+    assert "retain" not in act.names and "align_tail" in act.names
+    assert grad.fences.resolution[grad.names.index("retain")] == RETAIN_RESOLUTION
+    _, masked = streams(frozenset({Role.GRADIENT}))
+    assert "retain" not in masked.names and "align_tail" in masked.names
