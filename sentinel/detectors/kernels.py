@@ -342,8 +342,7 @@ def relation(y, r, out, skip_zero, m_start, m_stride, reach, floor, typical, blo
     m_gain = 0
     c_gains = np.empty(n if centred else 0)  # the centred tokens' gains
     m_centred = 0
-    shares = np.empty(n if kept else 0)  # <y_i, r_i> / |r_i|^2
-    m_kept = 0
+    shares = np.empty(n if kept else 0)  # <y_i, r_i> / |r_i|^2 of the rows with a gain (the same m_gain rows)
     inv_y = np.zeros(n if local else 0)  # 1 / centred norm of each row (0: left out of the local match)
     inv_r = np.zeros(n if local else 0)
     as_sent = np.empty(n if local else 0)  # |r_i|^2 by row
@@ -399,10 +398,9 @@ def relation(y, r, out, skip_zero, m_start, m_stride, reach, floor, typical, blo
         if s_r > 0.0:
             gains[m_gain] = 0.5 * (np.log(s_y + 1e-60) - np.log(s_r))
             received[m_gain] = s_r
-            m_gain += 1
             if kept:
-                shares[m_kept] = s_yr / s_r
-                m_kept += 1
+                shares[m_gain] = s_yr / s_r
+            m_gain += 1
         if centred and nr > 0.0:
             c_gains[m_centred] = 0.5 * (np.log(ny + 1e-60) - np.log(nr))
             m_centred += 1
@@ -441,10 +439,10 @@ def relation(y, r, out, skip_zero, m_start, m_stride, reach, floor, typical, blo
         out[5] = low
     if kept:
         low = 0.0
-        if m_kept > 0:
-            mid = np.median(shares[:m_kept])
+        if m_gain > 0:
+            mid = np.median(shares[:m_gain])
             least = np.median(received[:m_gain]) / TYPICAL_RECEIVED**2  # tokens of |r_i| >= median / e: not tiny
-            for j in range(m_kept):
+            for j in range(m_gain):
                 if mid - shares[j] > low and received[j] >= least:
                     low = mid - shares[j]
         out[6] = low
