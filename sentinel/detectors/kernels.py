@@ -35,8 +35,9 @@ import numba
 import numpy as np
 
 F32 = np.float32
-# gain_high reads the tokens whose received |r_i|^2 is at most this x the median (|r_i| <= e^0.5 = 1.65x): honest backward
-# passes raise the gain of tokens that received much more than the others (`tokens.py`)
+# gain_high and retain read the tokens whose received |r_i|^2 is at most this x the median (|r_i| <= e^0.5 = 1.65x): honest
+# backward passes raise the gain of tokens that received much more than the others, and can turn them (`tokens.py`);
+# retain also leaves out those under the median / this^2 (|r_i| < median / e)
 TYPICAL_RECEIVED = float(np.e)
 
 
@@ -293,7 +294,8 @@ def relation(y, r, out, skip_zero, m_start, m_stride, reach, floor, typical, blo
         non-zero centred r_i (0 when none);
       out[6] = max_i (m'' - a_i) (retain; with seven entries): a_i = <y_i, r_i> / |r_i|^2 on the tokens as sent, the
         share of its own input a token carries on, m'' their median over the rows with r_i != 0, the max over those
-        that received at least the median |r_j|^2 / TYPICAL_RECEIVED^2 (|r_i| >= median / e; 0 when none).
+        that received a typical magnitude, median |r_j|^2 / TYPICAL_RECEIVED^2 <= |r_i|^2 <= TYPICAL_RECEIVED x the
+        median |r_j|^2 (|r_i| within [median / e, 1.65 median], the upper bound that of out[3]; 0 when none).
     Returns the local match (`reach` > 0 and five entries; else -inf): the same over every row, centred by the
     means over every row, with the candidates j restricted to the rows at most `reach` positions away (N 2 reach C
     work: every output token against its neighbours' inputs, where a copied token comes from; 0.0 with fewer than
@@ -441,9 +443,11 @@ def relation(y, r, out, skip_zero, m_start, m_stride, reach, floor, typical, blo
         low = 0.0
         if m_gain > 0:
             mid = np.median(shares[:m_gain])
-            least = np.median(received[:m_gain]) / TYPICAL_RECEIVED**2  # tokens of |r_i| >= median / e: not tiny
+            typ = np.median(received[:m_gain])
+            least = typ / TYPICAL_RECEIVED**2  # tokens of |r_i| >= median / e: not tiny
+            most = typ * TYPICAL_RECEIVED  # nor far above typical (|r_i|^2 <= e x median, as gain_high)
             for j in range(m_gain):
-                if mid - shares[j] > low and received[j] >= least:
+                if mid - shares[j] > low and least <= received[j] <= most:
                     low = mid - shares[j]
         out[6] = low
     if pairs:

@@ -386,8 +386,8 @@ class Sentinel(Detector):
         has_ref = has_reference(msg.payload, ref)
         self._ids_now = None
         skip = self.config.gradient_skip if msg.role == Role.GRADIENT else self.config.activation_skip
-        if msg.role in self.env.zeroed_roles:  # a codec that drops entries: a share would be the overlap of two masks
-            skip = (*skip, "retain")
+        if msg.role in self.env.zeroed_roles | self.env.projected_roles:  # a share would be the overlap of two masks,
+            skip = (*skip, "retain")  # or the update seen through a subspace
         if is_token_ids(ref, msg.payload):  # the first stage: the relation is to its input token ids
             st.ids = IdRelation(self.config.num_projections, self.config.beta_act)
             self._ids_now = self._sampled_ids(msg.payload, ref, offset)

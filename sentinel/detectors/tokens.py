@@ -44,8 +44,8 @@ centred gains of tokens whose gradient is near the mean one make an honest tail 
 Not on the first stage.
 
     retain       max_i (m'' - a_i)  a_i = <y_i, r_i> / |r_i|^2, the share of its own input a token carries on (as
-                                    sent, not centred), m'' its median; i over the tokens that received at least
-                                    1/e of the median magnitude (|r_i|^2 >= the median / TYPICAL_RECEIVED^2)
+                                    sent, not centred), m'' its median; i over the tokens that received a typical
+                                    magnitude (median / TYPICAL_RECEIVED^2 <= |r_i|^2 <= TYPICAL_RECEIVED x median)
 
 A residual stage passes its input on: h_out = h_in + F(h_in) forward, g_out = g_in + J_F^T g_in backward, so a_i = 1 +
 <u_i, r_i> / |r_i|^2 for the update u_i it adds. An update roughly orthogonal to the input leaves a_i ~ 1 however
@@ -60,7 +60,12 @@ against honest maxima of 0.35-0.58. A share is a fraction of the input, so short
 drift to 0.1-0.3 later banned an honest replica (held-out Python bytes). A token that received almost nothing has a
 share made of its update alone, whatever its sign: over every token, retain raised the activations' honest flags of
 40 held-out runs (Markdown and dpkg bytes) from 68 to 102; over the tokens that received at least 1/e of the median,
-66 (issue-18 note, stop 43). Judged on gradients only by default (`activation_skip`): as a model trains, the
+66 (issue-18 note, stop 43). Nor is a token that received far more than a typical one (|r_i|^2 above e x the median,
+as for gain_high): the loss leans on it, and the stage's own update of it can be several times its input and point
+against it. On byte-level text with one layer a stage (4 x 64, the paper mesh) such tokens gave honest shares of -1.7
+and -2.6 (|r_i|^2 at 33 and 6.5 x the median) in stage-wide excursions over training steps 25-55, retain up to 4.8 where
+its median was 0.07; over the tokens within e x the median the stream's maximum was 1.0 (issue-18 note, stop 44). An
+attacker who turns only such tokens is not seen by retain. Judged on gradients only by default (`activation_skip`): as a model trains, the
 spread of its activation tokens' shares grows with its residual updates, and in an asynchronous mesh with
 stragglers (`compression/attacks_async.yaml`, seed 5) both honest replicas left in a stage drifted from ~0.15 to
 0.3-0.5 within ten steps and one was banned. Judged on activations too, an activation token turned by 90 degrees
@@ -68,6 +73,8 @@ stragglers (`compression/attacks_async.yaml`, seed 5) both honest replicas left 
 without) and 6.5 into one from step 30 (7 without). Not judged where the codec drops entries (top-k, random masks:
 `DetectorEnv.zeroed_roles`): a share is then the overlap of the sender's mask with its input's, and judged there
 retain took the message FPR of random masks on byte-level text (4 x 64, seeds 0-1) from 0.05-0.42% to 0.36-1.22%.
+Nor where it projects tokens onto a subspace (`DetectorEnv.projected_roles`): a share is then the update seen through
+k of d dimensions (honest retain of 1.8-3.0 median and up to 99 under subspace rate 32 on the same text).
 Not covered: a token given an update orthogonal to its input (noise, a different residual update of a typical size),
 which is what an honest update looks like, and a tampered token that received almost nothing. Not on the first stage.
 

@@ -180,6 +180,7 @@ def make_env(scenario, mesh: MeshControl | None = None, recompute=None, inputs=N
     """The detector's view: public facts of the scenario, who is live (from `mesh`), the trusted recomputation,
     and what the sender of the message being judged received (`inputs`, an `InFlight`)."""
     substitutes = scenario.detector.mode == "closed_loop" and scenario.response.on_flag == "substitute"
+    codecs = build_codecs(scenario.transport)
     return DetectorEnv(
         num_stages=scenario.pipeline.stages,
         payload_shape=payload_shape(scenario),
@@ -187,7 +188,8 @@ def make_env(scenario, mesh: MeshControl | None = None, recompute=None, inputs=N
         live_replicas=mesh.live_in_stage if mesh is not None else None,
         substitutes=substitutes,
         sender_inputs=inputs,
-        zeroed_roles=frozenset(role for role, codec in build_codecs(scenario.transport).items() if codec.zeroes_tokens),
+        zeroed_roles=frozenset(role for role, codec in codecs.items() if codec.zeroes_tokens),
+        projected_roles=frozenset(role for role, codec in codecs.items() if codec.projects_tokens),
         cohort=mesh.cohort if mesh is not None else None,
     )
 

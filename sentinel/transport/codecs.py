@@ -80,10 +80,15 @@ class Codec:
     non-zero one (top-k drops a small token whole; a random mask that keeps 10% of 64 entries drops every entry of
     a token with probability 0.9^64 ~ 1e-3, one 128-token message in seven). A detector that relates each token to
     the sender's input must not read such a token as the sender's doing (`DetectorEnv.zeroed_roles`).
+
+    `projects_tokens`: the codec delivers each token's projection onto a low-dimensional subspace, not the token
+    (subspace). What a token's projection keeps of its input's projection is then the stage's update seen through k of
+    d dimensions, not what the stage passed on (`DetectorEnv.projected_roles`).
     """
 
     random_positions = False
     zeroes_tokens = False
+    projects_tokens = False
 
     @dataclasses.dataclass(frozen=True, kw_only=True)
     class Config:

@@ -49,6 +49,8 @@ def orthonormal_basis(d: int, k: int, seed: int) -> torch.Tensor:
 class Subspace(Codec, StepHook):
     """Fixed random orthonormal subspace: send U^T (h - E[tokens]), k = d / rate (lossless with project_weights)."""
 
+    projects_tokens = True  # a token arrives as its projection on span(U) (see `Codec`)
+
     @dataclasses.dataclass(frozen=True, kw_only=True)
     class Config:
         rate: float = spec(32.0, ge=1, help="compression rate d / k (k = max(1, round(d / rate)))")

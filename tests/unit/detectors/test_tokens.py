@@ -221,15 +221,16 @@ def reference_gains(y: np.ndarray, r: np.ndarray, centred: bool = False) -> tupl
 
 def reference_retain(y: np.ndarray, r: np.ndarray) -> float:
     """max_i (m - a_i), a_i = <y_i, r_i> / |r_i|^2 over the tokens with r_i != 0, m the median of the a_i, the max over
-    the tokens with |r_i| >= the median |r_j| / e (on squares: e^2)."""
+    the tokens with median |r_j|^2 / e^2 <= |r_i|^2 <= e x median |r_j|^2."""
     y, r = y.reshape(-1, y.shape[-1]).astype(np.float64), r.reshape(-1, r.shape[-1]).astype(np.float64)
     nr = (r * r).sum(1)
     ok = nr > 0
     if not ok.any():
         return 0.0
     a = (y * r).sum(1)[ok] / nr[ok]
-    big = nr[ok] >= np.median(nr[ok]) / np.e**2
-    return max(0.0, float((np.median(a) - a)[big].max()))
+    typical = np.median(nr[ok])
+    judged = (nr[ok] >= typical / np.e**2) & (nr[ok] <= typical * np.e)
+    return max(0.0, float((np.median(a) - a)[judged].max())) if judged.any() else 0.0
 
 
 @pytest.mark.parametrize("seed", range(3))
@@ -240,6 +241,8 @@ def test_gain_kernels_are_the_numpy_definition(seed):
         r.view(-1, 32)[11] = 0.0  # a token that received nothing: no gain, no share
         r.view(-1, 32)[12] *= 0.01  # one that received almost nothing: its share is its update's, left out of the max
         y.view(-1, 32)[12] = -y.view(-1, 32)[12]
+        r.view(-1, 32)[13] *= 10.0  # one that received far more than a typical token, its update against its input:
+        y.view(-1, 32)[13] = -3.0 * r.view(-1, 32)[13]  # left out of the max too
     out, five = np.empty(7), np.empty(5)
     for kw in ({}, {"max_tokens": 16, "offset": 3}):  # 64 tokens, the moments read 16: the gains read all
         assert relation(y, r, out, **kw) and relation(y, r, five, **kw)
@@ -443,10 +446,11 @@ def test_match_is_judged_no_finer_than_one_percent():
     assert st.fences.resolution[st.names.index("match")] == MATCH_RESOLUTION
 
 
-def test_retain_is_judged_on_gradients_only_and_not_where_a_codec_drops_entries():
+def test_retain_is_judged_on_gradients_only_and_not_where_a_codec_drops_entries_or_projects_tokens():
     """retain is a gradient statistic by default (`activation_skip`), judged no finer than RETAIN_RESOLUTION; a codec
     that drops entries (top-k, random masks: `DetectorEnv.zeroed_roles`) makes a token's share the overlap of two masks,
-    so such a role does not judge it."""
+    one that projects tokens (subspace: `DetectorEnv.projected_roles`) the update seen through a subspace, so such a
+    role does not judge it."""
     from sentinel.detectors.base import DetectorEnv
     from sentinel.detectors.stagewise import Sentinel
     from sentinel.detectors.tokens import RETAIN_RESOLUTION
@@ -456,9 +460,11 @@ def test_retain_is_judged_on_gradients_only_and_not_where_a_codec_drops_entries(
     g = torch.Generator().manual_seed(0)
     x_in, g_in = torch.randn(2, 8, 16, generator=g), torch.randn(2, 8, 16, generator=g)
 
-    def streams(zeroed):
+    def streams(zeroed, projected=frozenset()):
         env = DetectorEnv(
-            sender_inputs=lambda msg: SenderInputs((0, 0, 1, int(msg.role)), x_in, g_in), zeroed_roles=zeroed
+            sender_inputs=lambda msg: SenderInputs((0, 0, 1, int(msg.role)), x_in, g_in),
+            zeroed_roles=zeroed,
+            projected_roles=projected,
         )
         det = Sentinel(Sentinel.Config(), env=env)
         det.observe(Message(0, 0, 1, Role.ACTIVATION, "s1r0", "s2r0", x_in + 0.1 * torch.randn_like(x_in)))
@@ -470,3 +476,5 @@ def test_retain_is_judged_on_gradients_only_and_not_where_a_codec_drops_entries(
     assert grad.fences.resolution[grad.names.index("retain")] == RETAIN_RESOLUTION
     _, masked = streams(frozenset({Role.GRADIENT}))
     assert "retain" not in masked.names and "align_tail" in masked.names
+    _, projected = streams(frozenset(), frozenset({Role.GRADIENT}))
+    assert "retain" not in projected.names and "align_tail" in projected.names

@@ -286,6 +286,17 @@ def test_env_names_the_roles_whose_codec_drops_tokens_whole(tiny_scenario):
     assert zeroed("transport.codec={name: topk, fraction: 0.1}") == {Role.ACTIVATION, Role.GRADIENT}
     assert zeroed("transport.gradient_codec={name: topk, fraction: 0.1}") == {Role.GRADIENT}
     assert zeroed("transport.codec={name: random_mask, keep: 0.1}") == {Role.ACTIVATION, Role.GRADIENT}
+    assert zeroed("transport.codec={name: subspace, rate: 8}") == frozenset()
+
+
+def test_env_names_the_roles_whose_codec_projects_tokens(tiny_scenario):
+    from sentinel.detectors.verifier import make_env
+
+    def projected(*overrides):
+        return make_env(tiny_scenario("detector.name=sentinel", *overrides)).projected_roles
+
+    assert projected() == frozenset() and projected("transport.codec={name: topk, fraction: 0.1}") == frozenset()
+    assert projected("transport.codec={name: subspace, rate: 8}") == {Role.ACTIVATION, Role.GRADIENT}
 
 
 def test_the_relay_checks_re_masked_replays_only_under_a_random_position_codec():
