@@ -39,7 +39,8 @@ class DetectorEnv:
         zeroed_roles: the roles (`Role`) whose codec can deliver a token as exactly zero although its sender computed
             a non-zero one (`Codec.zeroes_tokens`: top-k, random masking): public, from the scenario's transport.
         projected_roles: the roles whose codec delivers each token as its projection onto a low-dimensional subspace
-            (`Codec.projects_tokens`: subspace): public, from the scenario's transport.
+            (`Codec.projects_tokens`: subspace's gradients, and its activations without `project_weights`): public,
+            from the scenario's transport.
         cohort: `cohort(worker) -> key`, the replicas of its stage a worker is exchangeable with (same key: same
             weights, same staleness; `MeshControl.cohort`), public from the scenario's network and DP settings. None:
             every replica of a stage is.

@@ -189,7 +189,7 @@ def make_env(scenario, mesh: MeshControl | None = None, recompute=None, inputs=N
         substitutes=substitutes,
         sender_inputs=inputs,
         zeroed_roles=frozenset(role for role, codec in codecs.items() if codec.zeroes_tokens),
-        projected_roles=frozenset(role for role, codec in codecs.items() if codec.projects_tokens),
+        projected_roles=frozenset(role for role, codec in codecs.items() if codec.projects_tokens(role)),
         cohort=mesh.cohort if mesh is not None else None,
     )
 

@@ -81,14 +81,14 @@ class Codec:
     a token with probability 0.9^64 ~ 1e-3, one 128-token message in seven). A detector that relates each token to
     the sender's input must not read such a token as the sender's doing (`DetectorEnv.zeroed_roles`).
 
-    `projects_tokens`: the codec delivers each token's projection onto a low-dimensional subspace, not the token
-    (subspace). What a token's projection keeps of its input's projection is then the stage's update seen through k of
-    d dimensions, not what the stage passed on (`DetectorEnv.projected_roles`).
+    `projects_tokens(role)`: the codec delivers each token of that role as its projection onto a low-dimensional
+    subspace, not the token (subspace: gradients always, activations unless the weights keep them in the subspace).
+    What a token's projection keeps of its input's projection is then the stage's update seen through k of d
+    dimensions, not what the stage passed on (`DetectorEnv.projected_roles`).
     """
 
     random_positions = False
     zeroes_tokens = False
-    projects_tokens = False
 
     @dataclasses.dataclass(frozen=True, kw_only=True)
     class Config:
@@ -106,6 +106,10 @@ class Codec:
     def expected_nbytes(self, shape: tuple[int, ...], role: Role = Role.ACTIVATION) -> int:
         """Exact wire bytes for an honest payload of `shape` (what `encode(...).nbytes()` returns)."""
         raise NotImplementedError
+
+    def projects_tokens(self, role: Role) -> bool:
+        """Whether a token of `role` arrives as its projection onto a low-dimensional subspace (see the class)."""
+        return False
 
     def wire_view(self, wire: Wire, ctx: CodecContext) -> torch.Tensor:
         """The compressed representation as one float tensor (what a `view: wire` detector reads)."""

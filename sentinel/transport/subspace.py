@@ -49,8 +49,6 @@ def orthonormal_basis(d: int, k: int, seed: int) -> torch.Tensor:
 class Subspace(Codec, StepHook):
     """Fixed random orthonormal subspace: send U^T (h - E[tokens]), k = d / rate (lossless with project_weights)."""
 
-    projects_tokens = True  # a token arrives as its projection on span(U) (see `Codec`)
-
     @dataclasses.dataclass(frozen=True, kw_only=True)
     class Config:
         rate: float = spec(32.0, ge=1, help="compression rate d / k (k = max(1, round(d / rate)))")
@@ -118,6 +116,11 @@ class Subspace(Codec, StepHook):
 
     def wire_view(self, wire: Wire, ctx: CodecContext) -> torch.Tensor:
         return wire.tensors["c"].float()
+
+    def projects_tokens(self, role: Role) -> bool:
+        """A gradient arrives as U U^T g; an activation as U U^T (h - E_f) + E_f, which is h itself only while
+        `project_weights` keeps h - E_f in span(U) (see the module)."""
+        return role == Role.GRADIENT or not self.config.project_weights
 
     # -- engine hooks ------------------------------------------------------------------------------
     def attach(self, engine: StepProgram) -> None:

@@ -297,6 +297,8 @@ def test_env_names_the_roles_whose_codec_projects_tokens(tiny_scenario):
 
     assert projected() == frozenset() and projected("transport.codec={name: topk, fraction: 0.1}") == frozenset()
     assert projected("transport.codec={name: subspace, rate: 8}") == {Role.ACTIVATION, Role.GRADIENT}
+    lossless = "transport.codec={name: subspace, rate: 8, project_weights: true}"  # activations arrive exactly
+    assert projected(lossless) == {Role.GRADIENT}
 
 
 def test_the_relay_checks_re_masked_replays_only_under_a_random_position_codec():
