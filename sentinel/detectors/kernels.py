@@ -35,9 +35,9 @@ import numba
 import numpy as np
 
 F32 = np.float32
-# gain_high and retain read the tokens whose received |r_i|^2 is at most this x the median (|r_i| <= e^0.5 = 1.65x): honest
-# backward passes raise the gain of tokens that received much more than the others, and can turn them (`tokens.py`);
-# retain also leaves out those under the median / this^2 (|r_i| < median / e)
+# gain_high and retain read the tokens whose received |r_i|^2 is at most this x the median (|r_i| <= e^0.5 = 1.65x):
+# honest backward passes raise the gain of tokens that received much more than the others, and can turn them
+# (`tokens.py`); retain also leaves out those under the median / this^2 (|r_i| < median / e)
 TYPICAL_RECEIVED = float(np.e)
 
 

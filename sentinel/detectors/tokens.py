@@ -65,10 +65,10 @@ as for gain_high): the loss leans on it, and the stage's own update of it can be
 against it. On byte-level text with one layer a stage (4 x 64, the paper mesh) such tokens gave honest shares of -1.7
 and -2.6 (|r_i|^2 at 33 and 6.5 x the median) in stage-wide excursions over training steps 25-55, retain up to 4.8 where
 its median was 0.07; over the tokens within e x the median the stream's maximum was 1.0 (issue-18 note, stop 44). An
-attacker who turns only such tokens is not seen by retain. Judged on gradients only by default (`activation_skip`): as a model trains, the
-spread of its activation tokens' shares grows with its residual updates, and in an asynchronous mesh with
-stragglers (`compression/attacks_async.yaml`, seed 5) both honest replicas left in a stage drifted from ~0.15 to
-0.3-0.5 within ten steps and one was banned. Judged on activations too, an activation token turned by 90 degrees
+attacker who turns only such tokens is not seen by retain. Judged on gradients only by default (`activation_skip`):
+as a model trains, the spread of its activation tokens' shares grows with its residual updates, and in an
+asynchronous mesh with stragglers (`compression/attacks_async.yaml`, seed 5) both honest replicas left in a stage
+drifted from ~0.15 to 0.3-0.5 within ten steps and one was banned (again with the upper bound: stop 44). Judged on activations too, an activation token turned by 90 degrees
 (`token_turn`) on the paper mesh with byte-level text is banned 5.5 steps into an attack from step 10 (20.5
 without) and 6.5 into one from step 30 (7 without). Not judged where the codec drops entries (top-k, random masks:
 `DetectorEnv.zeroed_roles`): a share is then the overlap of the sender's mask with its input's, and judged there
