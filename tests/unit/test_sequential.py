@@ -442,16 +442,6 @@ def test_a_ban_waits_one_step_while_a_peer_rises_and_the_consensus_decides():
     assert r.banned == {"s1r0": 1}
 
 
-def test_a_peer_that_sends_an_anomalous_message_as_the_worker_reaches_the_threshold_rises_too():
-    """A wave's first replica sets the peers' tail that floors the next replica's messages, so that peer's statistic
-    need not move: a message at p < ANOMALOUS in the step is enough for the ban to wait for the consensus (byte-level
-    text, one layer a stage, seed 0: a false ban a step before the stage-wide shift). At p = 0.02 the peer did not
-    rise and the ban is not delayed."""
-    assert _wave(shift_next=True, peer_p=5e-3).banned == {}
-    assert _wave(shift_next=False, peer_p=5e-3).banned == {"s1r0": 2}
-    assert _wave(shift_next=False, peer_p=0.02).banned == {"s1r0": 1}
-
-
 def test_colluders_cannot_hold_a_ban():
     """The wait for the consensus needs the worker and its rising peers one replica short of the consensus's quorum
     (`streams.shift_quorum`: f + floor((R - f) / 2) + 1 of R replicas, f = floor((R - 1) / 2)). Under an honest
