@@ -442,6 +442,17 @@ def test_a_ban_waits_one_step_while_a_peer_rises_and_the_consensus_decides():
     assert r.banned == {"s1r0": 1}
 
 
+def test_a_peer_that_sends_a_flagged_message_as_the_worker_reaches_the_threshold_rises_too():
+    """A wave's first replica sets the peers' tail that floors the next replica's messages, so that peer's statistic
+    need not move: a message the detector would flag (p < FLAGGED_P) in the step is enough for the ban to wait for the
+    consensus (byte-level text, one layer a stage, seed 0: a peer at 6e-4 in the step of a false ban, a step before
+    the stage-wide shift). An ordinary honest message (2.7e-3, which held a token-copying attacker for a step when
+    p < 0.01 counted) does not delay the ban."""
+    assert _wave(shift_next=True, peer_p=6e-4).banned == {}
+    assert _wave(shift_next=False, peer_p=6e-4).banned == {"s1r0": 2}
+    assert _wave(shift_next=False, peer_p=2.7e-3).banned == {"s1r0": 1}
+
+
 def test_colluders_cannot_hold_a_ban():
     """The wait for the consensus needs the worker and its rising peers one replica short of the consensus's quorum
     (`streams.shift_quorum`: f + floor((R - f) / 2) + 1 of R replicas, f = floor((R - 1) / 2)). Under an honest
