@@ -418,12 +418,13 @@ def relation(y, r, out, skip_zero, m_start, m_stride, reach, floor, typical, blo
     else:
         out[0] = 1.0 - total / count
         out[1] = 1.0 - low
+    typ = np.median(received[:m_gain]) if m_gain > 0 and out.shape[0] > 3 else 0.0  # median |r|^2 (gain_high, retain)
     if out.shape[0] > 3:
         low = 0.0
         high = 0.0
         if m_gain > 0:
             mid = np.median(gains[:m_gain])
-            limit = TYPICAL_RECEIVED * np.median(received[:m_gain])
+            limit = TYPICAL_RECEIVED * typ
             for j in range(m_gain):
                 if mid - gains[j] > low:
                     low = mid - gains[j]
@@ -443,7 +444,6 @@ def relation(y, r, out, skip_zero, m_start, m_stride, reach, floor, typical, blo
         low = 0.0
         if m_gain > 0:
             mid = np.median(shares[:m_gain])
-            typ = np.median(received[:m_gain])
             least = typ / TYPICAL_RECEIVED**2  # tokens of |r_i| >= median / e: not tiny
             most = typ * TYPICAL_RECEIVED  # nor far above typical (|r_i|^2 <= e x median, as gain_high)
             for j in range(m_gain):
