@@ -5,7 +5,8 @@ Tables (each a set of growable numpy columns; no Python object per number):
 - `ground_truth`: one row per tampered message (written by the adversary layer; detectors never read it)
 - `verdicts`: one row per checked message (flagged + one float column per detector statistic)
 - `losses`: per step and microbatch training loss; `evals`: validation loss per evaluation
-- `bans`: worker bans and replacements
+- `bans`: worker bans and replacements, and the test that decided each ban (`by`: an index into `BAN_RULES`, -1
+  where none is recorded: a ban from outside the responder's tests, or a folder written before the column existed)
 
 Worker ids and attack names are stored as small integers into string tables. The log saves to
 `events.npz` (+ `events.json` for the string tables) and reloads with `allow_pickle=False`.
@@ -21,6 +22,9 @@ from typing import Any
 import numpy as np
 
 from sentinel import strictjson
+
+# the responder's tests, in the order `bans.by` indexes them (sentinel/response.py's module docstring)
+BAN_RULES = ("sequential", "hard", "soft", "certain", "route", "scores")
 
 
 class Table:
@@ -109,7 +113,7 @@ class EventLog:
         self.verdicts = Table({"msg": np.int64, "flagged": np.bool_, "acted": np.bool_})
         self.losses = Table({"step": np.int32, "mb": np.int32, "loss": np.float64})
         self.evals = Table({"step": np.int32, "val_loss": np.float64})
-        self.bans = Table({"step": np.int32, "worker": np.int32, "replaced_by": np.int32})
+        self.bans = Table({"step": np.int32, "worker": np.int32, "replaced_by": np.int32, "by": np.int8})
         self.workers: list[str] = []
         self._worker_ix: dict[str, int] = {}
         self.attacks: list[str] = []
@@ -169,9 +173,15 @@ class EventLog:
     def log_eval(self, step: int, val_loss: float) -> None:
         self.evals.append(step=step, val_loss=val_loss)
 
-    def log_ban(self, step: int, worker: str, replaced_by: str | None = None) -> None:
+    def log_ban(self, step: int, worker: str, replaced_by: str | None = None, by: str | None = None) -> None:
         rep = self.worker_index(replaced_by) if replaced_by else -1
-        self.bans.append(step=step, worker=self.worker_index(worker), replaced_by=rep)
+        rule = BAN_RULES.index(by) if by is not None else -1
+        self.bans.append(step=step, worker=self.worker_index(worker), replaced_by=rep, by=rule)
+
+    def ban_rules(self) -> list[str | None]:
+        """Per row of `bans`, the test that decided the ban (None where none is recorded)."""
+        col = self.bans["by"] if "by" in self.bans.names else np.full(len(self.bans), -1)
+        return [BAN_RULES[i] if 0 <= i < len(BAN_RULES) else None for i in col.tolist()]
 
     # -- persistence ---------------------------------------------------------------------------
     def save(self, out_dir: Path) -> None:

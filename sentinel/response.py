@@ -53,6 +53,10 @@ against Binomial(n_w, base_fpr) (resp. 1e-6). `ban_pvalue: 1` turns the peer tes
     rejoin_after: n      n steps after a ban its operator rejoins under a new worker id (Sybil): the
                          engine adds a replica and the adversary layer decides whether it controls it
 
+Every ban records the test that decided it (`BAN_RULES`: `sequential`, the CUSUM of `sequential.py`; `hard`, `soft`,
+`certain`, `route`, the peer test on that kind of strike; `scores`), as `by` in the mesh event, the event log's `bans`
+table and `summary.json`'s `detection.workers.per_worker[].ban_by`.
+
 Bans are decided at the end of a step, from that step's verdicts in canonical order (`Responder.end_step`),
 and take effect from the next step: a banned worker's later messages are dropped. In `open_loop` mode the
 responder never acts: every payload is delivered and nobody is banned (verdicts are still logged).
@@ -73,6 +77,7 @@ from scipy.stats import binom, hypergeom
 from sentinel.detectors.base import Marker, Verdict
 from sentinel.detectors.streams import shift_quorum
 from sentinel.engine.workers import MeshControl
+from sentinel.eventlog import BAN_RULES  # noqa: F401 (the tests a ban records as `by`; the module docstring)
 from sentinel.sequential import ANOMALOUS, SequentialEvidence
 from sentinel.transport.message import Message, Role
 
@@ -276,7 +281,7 @@ class Responder:
                     ):
                         self._deferred.add((worker, stream))  # the stage is one replica short of a shift: wait a step
                     else:
-                        self.ban(worker, step)
+                        self.ban(worker, step, by="sequential")
                 elif self.evidence.reached(worker, stream):  # a majority of the stage stood out too: drift, not
                     self.evidence.settle([worker, *peers], stream)  # evidence (sentinel/sequential.py)
         nxt = step + 1
@@ -294,13 +299,13 @@ class Responder:
         self.attr.add("msgs", (w, stream), step)
         if verdict.certain:
             self.attr.add("certain", w, step)
-            self._judge(w, step, *self._test("certain", "mbs", w, None, step, floor=CERTAIN_FLOOR))
+            self._judge(w, step, *self._test("certain", "mbs", w, None, step, floor=CERTAIN_FLOOR), by="certain")
         elif verdict.flagged:
             self.attr.add("hard", (w, stream), step)
             k, p = self._test("hard", "msgs", w, stream, step)
             if self.config.attribution == "route" and p >= EXPLAINED and self._peers(w):
                 self._route_strike(msg, route, step)
-            self._judge(w, step, k, p)
+            self._judge(w, step, k, p, by="hard")
         if verdict.flagged or Marker.OUTLIER in verdict.markers:
             self._soft_strike(w, stream, step)
         if not verdict.flagged:  # flagged ones already count as hard strikes
@@ -357,7 +362,7 @@ class Responder:
         for w in route:
             if w != msg.sender and w not in self.banned:
                 self.attr.add("route", w, step)
-                self._judge(w, step, *self._test("route", "mbs", w, None, step))
+                self._judge(w, step, *self._test("route", "mbs", w, None, step), by="route")
 
     def _soft_strike(self, worker: str, stream, step: int) -> None:
         """Outliers below the flag threshold: weak evidence, but a sender that keeps producing them
@@ -366,7 +371,7 @@ class Responder:
             return
         self.attr.add("soft", (worker, stream), step)
         k, p = self._test("soft", "msgs", worker, stream, step)
-        self._judge(worker, step, k, p, soft=True)
+        self._judge(worker, step, k, p, by="soft")
 
     def _record_stats(self, stream, worker: str, step: int, scores: dict) -> None:
         names = self._stat_names.get(stream)
@@ -406,18 +411,19 @@ class Responder:
                 rows = np.array([r for w in names for _, r in recent[w]], dtype=float)  # messages x statistics
                 owner = np.repeat(np.arange(len(names)), [len(recent[w]) for w in names])
                 for i in majority_outliers(pairwise_pvalues(rows, owner, len(names)), self.config.ban_pvalue):
-                    self.ban(names[i], step)
+                    self.ban(names[i], step, by="scores")
 
-    def _judge(self, worker: str, step: int, strikes: int, pvalue: float, soft: bool = False) -> None:
+    def _judge(self, worker: str, step: int, strikes: int, pvalue: float, by: str) -> None:
         if worker in self.banned:
             return
         plain = self.config.ban_pvalue >= 1.0
-        if (soft or strikes >= self.config.ban_after) and (plain or pvalue < self.config.ban_pvalue):
-            self.ban(worker, step)
+        if (by == "soft" or strikes >= self.config.ban_after) and (plain or pvalue < self.config.ban_pvalue):
+            self.ban(worker, step, by=by)
 
-    def ban(self, worker: str, step: int) -> bool:
-        """Ban `worker` (and replace it when configured); False when the ban was not carried out."""
-        if not self.mesh.ban(worker, step, replace=self.config.replace_banned):
+    def ban(self, worker: str, step: int, by: str | None = None) -> bool:
+        """Ban `worker` (and replace it when configured); False when the ban was not carried out. `by`: the test
+        that decided it (one of `BAN_RULES`; None for a ban from outside the responder's tests)."""
+        if not self.mesh.ban(worker, step, replace=self.config.replace_banned, by=by):
             return False
         self.banned[worker] = step
         self.attr.forget(worker)

@@ -92,6 +92,7 @@ def dataclass_dict(ev: MeshEvent) -> dict:
         "stage": ev.stage,
         "replaced_by": ev.replaced_by,
         "rejoin_of": ev.rejoin_of,
+        "by": ev.by,
     }
 
 

@@ -302,7 +302,7 @@ class StepProgram:
             if ev.kind == "ban":
                 if self.workers.live[self.workers.index(ev.worker)]:
                     self.workers.ban(ev.worker)
-                self.log.log_ban(ev.step, ev.worker, ev.replaced_by)
+                self.log.log_ban(ev.step, ev.worker, ev.replaced_by, ev.by)
                 continue
             if ev.worker not in self.workers.ids:  # the process that decided it has it in its table already
                 self.workers.add_replacement(ev.stage)

@@ -81,7 +81,8 @@ class Router:
 class MeshEvent:
     """A change of the mesh decided by the response policy: a ban, or a worker added to a stage.
 
-    kind "ban": `worker` banned at `step`, `replaced_by` its replacement (or None).
+    kind "ban": `worker` banned at `step`, `replaced_by` its replacement (or None), `by` the test that decided it
+    (`eventlog.BAN_RULES`; None: a ban from outside the responder).
     kind "add": `worker` added to `stage` (a replacement, or with `rejoin_of` a banned worker's operator rejoining).
     """
 
@@ -91,6 +92,7 @@ class MeshEvent:
     stage: int
     replaced_by: str | None = None
     rejoin_of: str | None = None
+    by: str | None = None
 
 
 class MeshControl:
@@ -124,7 +126,7 @@ class MeshControl:
     def is_live(self, worker: str) -> bool:
         return self._workers.live[self._workers.index(worker)]
 
-    def ban(self, worker: str, step: int, replace: bool) -> bool:
+    def ban(self, worker: str, step: int, replace: bool, by: str | None = None) -> bool:
         """Ban `worker`, adding a replacement when `replace`; False (nothing done) when it is not live, or is its
         stage's last live replica and would not be replaced (training could not continue)."""
         w = self._workers
@@ -137,7 +139,7 @@ class MeshControl:
         w.ban(worker)
         at = len(self.events)  # the ban comes first: a replacement copies a replica that is still live
         new = self._add(stage, step, None) if replace else None
-        self.events.insert(at, MeshEvent("ban", step, worker, stage, replaced_by=new))
+        self.events.insert(at, MeshEvent("ban", step, worker, stage, replaced_by=new, by=by))
         return True
 
     def rejoin(self, stage_idx: int, old: str, step: int) -> str:

@@ -31,7 +31,7 @@ from numpy.lib import format as npformat
 from sentinel import budget, safeyaml
 from sentinel.config import _Problems, build
 from sentinel.errors import ConfigError
-from sentinel.eventlog import EventLog, Table
+from sentinel.eventlog import BAN_RULES, EventLog, Table
 from sentinel.scenario import DataConfig, DetectorSpec, ModelConfig, PipelineConfig, ScoringConfig, TrainingConfig
 from sentinel.scoring.summary import threshold_rule
 
@@ -135,6 +135,9 @@ def _read_npz(path: Path, problems: _Problems) -> dict[str, np.ndarray] | None:
         return None
 
 
+OPTIONAL_COLUMNS = {"bans": {"by"}}  # columns a folder written before they existed lacks (`EventLog.ban_rules`)
+
+
 def _check_columns(arrays: dict[str, np.ndarray], problems: _Problems) -> dict[str, dict[str, np.ndarray]]:
     """Group `table.column` arrays by table, checking names, dtype kinds, shapes and equal lengths."""
     schema = _schema()
@@ -157,7 +160,7 @@ def _check_columns(arrays: dict[str, np.ndarray], problems: _Problems) -> dict[s
         lengths = {c: len(a) for c, a in cols.items()}
         if len(set(lengths.values())) > 1:
             problems.add(f"events.npz[{table}]", f"columns of unequal length: {lengths}")
-        missing = set(schema[table]) - set(cols)
+        missing = set(schema[table]) - set(cols) - OPTIONAL_COLUMNS.get(table, set())
         if missing:
             problems.add(f"events.npz[{table}]", f"missing columns {sorted(missing)}")
     for table in ("messages", "verdicts", "evals"):
@@ -191,6 +194,8 @@ def _check_indexes(t: dict[str, dict[str, np.ndarray]], workers: int, attacks: i
         _in_range(problems, "events.npz[bans.worker]", bans["worker"], 0, workers)
     if "replaced_by" in bans:
         _in_range(problems, "events.npz[bans.replaced_by]", bans["replaced_by"], -1, workers)
+    if "by" in bans:
+        _in_range(problems, "events.npz[bans.by]", bans["by"], -1, len(BAN_RULES))
     if "val_loss" in ev and not len(ev["val_loss"]):
         problems.add("events.npz[evals]", "no validation loss was logged (a run logs one before its first step)")
 

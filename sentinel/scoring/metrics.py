@@ -168,9 +168,10 @@ def per_worker(log: EventLog, malicious: list[str]) -> list[dict]:
     flagged_sender = np.array([sender_of.get(int(i), -1) for i in v["msg"][v["flagged"]]], dtype=np.int64)
     flag_step = log.messages["step"][np.isin(m["id"], v["msg"][v["flagged"]])]
     flag_who = m["sender"][np.isin(m["id"], v["msg"][v["flagged"]])]
-    bans = {}
-    for w, step in zip(log.bans["worker"], log.bans["step"]):
-        bans.setdefault(int(w), int(step))
+    bans, ban_by = {}, {}
+    for w, step, by in zip(log.bans["worker"], log.bans["step"], log.ban_rules()):
+        if int(w) not in bans:
+            bans[int(w)], ban_by[int(w)] = int(step), by
     mal = set(malicious)
     rows = []
     for w in np.unique(m["sender"]):
@@ -188,6 +189,7 @@ def per_worker(log: EventLog, malicious: list[str]) -> list[dict]:
                 "flags": int((flagged_sender == w).sum()),
                 "first_flag": int(flags.min()) if len(flags) else None,
                 "ban_step": bans.get(w),
+                "ban_by": ban_by.get(w),
             }
         )
     return rows

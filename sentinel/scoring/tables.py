@@ -261,6 +261,7 @@ def worker_table(rows: list[dict], only_notable: bool = True) -> list[str]:
             fmt(r["first_tampered"], "d", "-"),
             fmt(r["first_flag"], "d", "never"),
             fmt(r["ban_step"], "d", "never"),
+            r.get("ban_by") or "-",
         ]
         for r in shown
     ]
@@ -273,6 +274,7 @@ def worker_table(rows: list[dict], only_notable: bool = True) -> list[str]:
         "first tampered step",
         "first flag",
         "ban step",
+        "banned by",
     ]
     out = ["### Per worker", "", *md_table(header, body), ""]
     if quiet:

@@ -119,6 +119,14 @@ def _huge_header(ws: Workspace, d: Path) -> None:
             z.writestr(name, data)
 
 
+def _one_ban(by: int) -> dict:
+    """A bans table of one row whose test (`bans.by`) is `by`."""
+    one = {"step": np.int32, "worker": np.int32, "replaced_by": np.int32, "by": np.int8}
+    return {
+        f"bans.{k}": np.array([by if k == "by" else -1 if k == "replaced_by" else 0], dtype=t) for k, t in one.items()
+    }
+
+
 def _report(edit: Callable[[Workspace, Path], None], *more: str) -> Callable[[Workspace], list[str]]:
     def argv(ws: Workspace) -> list[str]:
         d = ws.result()
@@ -760,6 +768,11 @@ def _cases() -> list[Case]:
         "report_npz_2d",
         _report(lambda ws, d: _tamper_npz(ws, d, lambda a: a.update({"losses.loss": a["losses.loss"].reshape(-1, 1)}))),
         expect="expected a 1-d",
+    )
+    add(
+        "report_npz_ban_rule_range",
+        _report(lambda ws, d: _tamper_npz(ws, d, lambda a: a.update(_one_ban(by=99)))),
+        expect="events.npz[bans.by]: values from",
     )
     add("report_npz_huge_header", _report(_huge_header), expect="declares")
     add(

@@ -35,15 +35,29 @@ def test_save_load_round_trip_and_csv(tmp_path):
     log.log_verdict(b.msg_id, Verdict({"l1": 3.0}, True))
     log.log_loss(0, 0, 1.25)
     log.log_eval(0, 2.5)
-    log.log_ban(1, "s1r0")
+    log.log_ban(1, "s1r0", by="sequential")
+    log.log_ban(2, "s1r1")
     log.save(tmp_path)
     back = EventLog.load(tmp_path)
     for t in EventLog.TABLES:
         for k, v in getattr(log, t).as_arrays().items():
             np.testing.assert_array_equal(getattr(back, t)[k], v)
     assert back.workers == log.workers and back.attacks == ["scaling"]
+    assert back.ban_rules() == ["sequential", None]  # a ban from outside the responder's tests records none
     log.write_events_csv(tmp_path / "events.csv")
     rows = list(csv.DictReader(open(tmp_path / "events.csv")))
     assert [r["tampered_by"] for r in rows] == ["", "scaling"]
     assert [r["flagged"] for r in rows] == ["0", "1"] and rows[1]["score_l1"] == "3"
     assert rows[1]["role"] == "gradient" and rows[0]["sender"] == "s1r0"
+
+
+def test_a_folder_written_before_bans_recorded_their_test_still_loads(tmp_path):
+    log = EventLog()
+    _msg(log, 0)
+    log.log_ban(1, "s1r0", by="hard")
+    log.save(tmp_path)
+    with np.load(tmp_path / "events.npz") as z:
+        arrays = {k: z[k] for k in z.files if k != "bans.by"}
+    np.savez_compressed(tmp_path / "events.npz", **arrays)
+    back = EventLog.load(tmp_path)
+    assert back.ban_rules() == [None] and list(back.bans["worker"]) == [0]

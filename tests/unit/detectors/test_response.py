@@ -22,11 +22,13 @@ class Mesh:
         self.control = MeshControl(self.workers)
         self.bans: list[tuple[int, str, str | None]] = []  # (step, worker, replaced_by)
         self.added: list[tuple[int, str | None]] = []  # (stage, rejoin_of)
+        self.by: dict[str, str | None] = {}  # banned worker -> the test that banned it
 
     def collect(self) -> None:
         for ev in self.control.drain():
             if ev.kind == "ban":
                 self.bans.append((ev.step, ev.worker, ev.replaced_by))
+                self.by[ev.worker] = ev.by
             else:
                 self.added.append((ev.stage, ev.rejoin_of))
 
@@ -72,6 +74,7 @@ def test_ban_after_n_strikes_takes_effect_from_the_next_step():
         step(r, mesh, n, [(msg(n), FLAG)])
     assert not mesh.live("s1r0")
     assert mesh.bans == [(2, "s1r0", None)]
+    assert mesh.by == {"s1r0": "hard"}  # the peer test on flagged messages decided it
     assert r.deliver(msg(3), OK, substitute) is None  # a banned worker's later messages are dropped
 
 
@@ -134,6 +137,7 @@ def test_route_attribution_bans_the_upstream_attacker_not_the_contaminated_downs
             records += route(n, mb, [f"s0r{mb % 3}", f"s1r{mb % 3}", s2, s3], flag_last=s2 == "s2r1")
         step(r, mesh, n, records)
     assert [w for _, w, _ in mesh.bans] == ["s2r1"]
+    assert mesh.by == {"s2r1": "route"}
 
 
 def test_isolated_honest_flags_do_not_ban():
@@ -151,6 +155,18 @@ def test_sender_attribution_blames_only_the_sender():
     for n in range(2):
         step(r, mesh, n, route(n, 0, ["s0r0", "s1r0", "s2r0"], flag_last=True))
     assert [w for _, w, _ in mesh.bans] == ["s2r0"]
+
+
+def test_a_ban_by_the_sequential_test_records_it():
+    """Messages at p = 1e-12 from one replica while its peers send ordinary ones: the CUSUM bans it, and says so."""
+    r, mesh = responder(ban_after=99)
+    for n in range(4):
+        records = [
+            (msg(n, sender=w, mb=i), Verdict({}, False, pvalue=1e-12 if w == "s1r0" else 0.5))
+            for i, w in enumerate(("s1r0", "s1r1", "s1r2", "s1r0"))
+        ]
+        step(r, mesh, n, records)
+    assert mesh.by == {"s1r0": "sequential"}
 
 
 def test_open_loop_never_acts():
@@ -250,6 +266,7 @@ def test_score_tests_compare_a_sender_within_its_cohort(lagging, exchangeable, b
         ]
         step(r, mesh, t, records)
     assert [w for _, w, _ in mesh.bans] == banned
+    assert set(mesh.by.values()) <= {"scores"}
 
 
 def test_pairwise_pvalues_are_mann_whitney_tests():

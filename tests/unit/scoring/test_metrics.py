@@ -139,7 +139,7 @@ def test_per_worker_rows_and_metrics_csv_rows():
             (2, 0, 1, A, "s1r1", None, False),
         ]
     )
-    log.log_ban(1, "s1r0")
+    log.log_ban(1, "s1r0", by="hard")
     for step, loss in ((0, 3.0), (0, 2.0), (1, 1.5), (2, 1.0)):
         log.log_loss(step, 0, loss)
     log.log_eval(0, 4.0)
@@ -155,8 +155,10 @@ def test_per_worker_rows_and_metrics_csv_rows():
         "flags": 1,
         "first_flag": 1,
         "ban_step": 1,
+        "ban_by": "hard",
     }
     assert rows["s1r1"]["malicious"] is False and rows["s1r1"]["first_flag"] == 1 and rows["s1r1"]["ban_step"] is None
+    assert rows["s1r1"]["ban_by"] is None
     steps = step_rows(log)
     assert [r["step"] for r in steps] == [0, 1, 2]
     assert steps[0]["train_loss"] == 2.5 and steps[0]["val_loss"] is None and steps[1]["val_loss"] == 2.5
