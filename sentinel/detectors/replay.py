@@ -35,8 +35,14 @@ class Fingerprint:
             self._idx[n] = torch.randint(0, n, (min(64, n),), generator=gen).to(flat.device)
         sample = flat.index_select(0, self._idx[n])
         if bool((sample == 0).any()):  # sparse (masked, top-k) payloads agree on their zeros: use every entry
-            return (tuple(payload.shape), hashlib.blake2b(flat.cpu().numpy().tobytes(), digest_size=16).digest())
+            return digest(payload)
         return (tuple(payload.shape), sample.cpu().numpy().tobytes())
+
+
+def digest(payload: torch.Tensor) -> tuple:
+    """A key equal only for equal tensors (shape and every entry's bytes)."""
+    flat = payload.detach().reshape(-1)
+    return (tuple(payload.shape), hashlib.blake2b(flat.cpu().numpy().tobytes(), digest_size=16).digest())
 
 
 class ReplayMemory:

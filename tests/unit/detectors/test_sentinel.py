@@ -351,3 +351,27 @@ def test_colluders_alone_cannot_make_a_stage_shift(replicas):
     assert not st.stage_shift(step, 9.0, level, live, horizon)
     st.recent[live[f + honest_needed - 1]] = (step, 9.0)  # one more honest replica anomalous: a shift
     assert st.stage_shift(step, 9.0, level, live, horizon)
+
+
+def test_a_sparse_payload_is_a_replay_only_when_every_entry_repeats():
+    """Top-k traffic whose kept entries all sit in one feature (a massive activation): two honest messages can have
+    equal pooled means (the signature's head, the replay key of a dense payload) while their entries differ. Not a
+    replay; an exact repeat still is."""
+    from sentinel.detectors.base import Marker
+
+    shape = (2, 8, 64)  # 64 features: the key's 64 entries are the pooled mean alone
+    det = small()
+    for s in range(6):
+        for mb in range(4):
+            det.observe(msg(s, mb, torch.randn(shape, generator=torch.Generator().manual_seed(10 * s + mb))))
+
+    def sink(values):
+        x = torch.zeros(shape)
+        x.view(-1, shape[-1])[:2, 3] = torch.tensor(values)
+        return x
+
+    a, b = sink([1.0, 3.0]), sink([2.0, 2.0])  # other values, the same pooled mean
+    assert not torch.equal(a, b) and torch.equal(a.mean((0, 1)), b.mean((0, 1)))
+    assert Marker.REPLAY not in det.observe(msg(7, 0, a)).markers
+    assert Marker.REPLAY not in det.observe(msg(7, 1, b, sender="s1r1")).markers
+    assert det.observe(msg(8, 0, a.clone())).markers == {Marker.REPLAY}
