@@ -180,8 +180,7 @@ class EventLog:
 
     def ban_rules(self) -> list[str | None]:
         """Per row of `bans`, the test that decided the ban (None where none is recorded)."""
-        col = self.bans["by"] if "by" in self.bans.names else np.full(len(self.bans), -1)
-        return [BAN_RULES[i] if 0 <= i < len(BAN_RULES) else None for i in col.tolist()]
+        return [BAN_RULES[i] if 0 <= i < len(BAN_RULES) else None for i in self.bans["by"].tolist()]
 
     # -- persistence ---------------------------------------------------------------------------
     def save(self, out_dir: Path) -> None:
@@ -201,6 +200,8 @@ class EventLog:
                 cols = {k.split(".", 1)[1]: z[k] for k in z.files if k.split(".", 1)[0] == t}
                 if cols:
                     setattr(log, t, Table.from_arrays(cols))
+        log.bans.add_column("by", np.int8, -1)  # a folder written before bans recorded their test (a resumed run
+        # appends to it)
         names = json.loads((out_dir / "events.json").read_text())
         for w in names["workers"]:
             log.worker_index(w)

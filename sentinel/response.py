@@ -53,7 +53,7 @@ against Binomial(n_w, base_fpr) (resp. 1e-6). `ban_pvalue: 1` turns the peer tes
     rejoin_after: n      n steps after a ban its operator rejoins under a new worker id (Sybil): the
                          engine adds a replica and the adversary layer decides whether it controls it
 
-Every ban records the test that decided it (`BAN_RULES`: `sequential`, the CUSUM of `sequential.py`; `hard`, `soft`,
+Every ban records the test that decided it (`eventlog.BAN_RULES`: `sequential`, the CUSUM of `sequential.py`; `hard`, `soft`,
 `certain`, `route`, the peer test on that kind of strike; `scores`), as `by` in the mesh event, the event log's `bans`
 table and `summary.json`'s `detection.workers.per_worker[].ban_by`.
 
@@ -77,7 +77,6 @@ from scipy.stats import binom, hypergeom
 from sentinel.detectors.base import Marker, Verdict
 from sentinel.detectors.streams import shift_quorum
 from sentinel.engine.workers import MeshControl
-from sentinel.eventlog import BAN_RULES  # noqa: F401 (the tests a ban records as `by`; the module docstring)
 from sentinel.sequential import ANOMALOUS, SequentialEvidence
 from sentinel.transport.message import Message, Role
 
@@ -422,7 +421,7 @@ class Responder:
 
     def ban(self, worker: str, step: int, by: str | None = None) -> bool:
         """Ban `worker` (and replace it when configured); False when the ban was not carried out. `by`: the test
-        that decided it (one of `BAN_RULES`; None for a ban from outside the responder's tests)."""
+        that decided it (one of `eventlog.BAN_RULES`; None for a ban from outside the responder's tests)."""
         if not self.mesh.ban(worker, step, replace=self.config.replace_banned, by=by):
             return False
         self.banned[worker] = step

@@ -61,3 +61,5 @@ def test_a_folder_written_before_bans_recorded_their_test_still_loads(tmp_path):
     np.savez_compressed(tmp_path / "events.npz", **arrays)
     back = EventLog.load(tmp_path)
     assert back.ban_rules() == [None] and list(back.bans["worker"]) == [0]
+    back.log_ban(3, "s1r0", by="scores")  # a resumed run appends to it
+    assert back.ban_rules() == [None, "scores"]
