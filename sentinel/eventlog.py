@@ -180,6 +180,8 @@ class EventLog:
 
     def ban_rules(self) -> list[str | None]:
         """Per row of `bans`, the test that decided the ban (None where none is recorded)."""
+        if "by" not in self.bans.names:  # a log built from arrays written before the column existed
+            return [None] * len(self.bans)
         return [BAN_RULES[i] if 0 <= i < len(BAN_RULES) else None for i in self.bans["by"].tolist()]
 
     # -- persistence ---------------------------------------------------------------------------

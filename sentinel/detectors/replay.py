@@ -36,13 +36,14 @@ class Fingerprint:
         sample = flat.index_select(0, self._idx[n])
         if bool((sample == 0).any()):  # sparse (masked, top-k) payloads agree on their zeros: use every entry
             return digest(payload)
-        return (tuple(payload.shape), sample.cpu().numpy().tobytes())
+        return (tuple(payload.shape), str(payload.dtype), sample.contiguous().view(torch.uint8).cpu().numpy().tobytes())
 
 
 def digest(payload: torch.Tensor) -> tuple:
-    """A key equal only for equal tensors (shape and every entry's bytes)."""
-    flat = payload.detach().reshape(-1)
-    return (tuple(payload.shape), hashlib.blake2b(flat.cpu().numpy().tobytes(), digest_size=16).digest())
+    """A key equal only for equal tensors (shape, dtype and every entry's bytes; any dtype, bfloat16 included, which
+    numpy cannot hold: the bytes are read as uint8)."""
+    raw = payload.detach().contiguous().reshape(-1).view(torch.uint8).cpu().numpy()
+    return (tuple(payload.shape), str(payload.dtype), hashlib.blake2b(raw.tobytes(), digest_size=16).digest())
 
 
 class ReplayMemory:

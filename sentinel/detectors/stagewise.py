@@ -298,6 +298,7 @@ class Sentinel(Detector):
         self._streams: dict[tuple[int, int], Stream] = {}
         self._proj: dict[int, Projections] = {}
         self._key = mix(seed, 0x70C)  # private: never in the public view (a real verifier's secret)
+        self._fingerprint = replay.Fingerprint(seed)  # the exact-replay key (`_replay_key`)
         self._norms = np.empty(2)  # scratch: the (median^2, max^2) token norms of the message being judged
         self._rel = np.empty(len(RELATION))  # scratch: `relation`'s output
         self._ids_now: tuple[np.ndarray, np.ndarray] | None = None  # (projected sampled tokens, their ids): learned
@@ -501,18 +502,15 @@ class Sentinel(Detector):
         horizon = self.config.consensus_horizon
         return not any(st.elevated(w, now, horizon, PEER_DRIFT_Z) for w in peers)
 
-    @staticmethod
-    def _replay_key(payload: torch.Tensor, sig: np.ndarray) -> tuple:
-        """What a replay repeats exactly: the pooled mean (the signature's head, from every token), or every entry
-        where the pooled mean has an exact zero. A dense honest tensor's pooled mean never repeats. A sparse one's
-        can: under top-k 1% on byte-level text (4 x 64, seed 5) a first stage's kept entries (82 of 8,192) all sat in
-        one feature whose massive activation was nearly constant across tokens, and two honest messages of one step
-        (two replicas, other sequences) had pooled means equal in float32 while their entries differed: a "certain"
-        replay, and an honest replica banned (issue-18 note, stop 45)."""
-        head = sig[:64]
-        if (head == 0).any():
-            return replay.digest(payload)
-        return (tuple(payload.shape), head.tobytes())
+    def _replay_key(self, payload: torch.Tensor) -> tuple:
+        """What a replay repeats exactly (`replay.Fingerprint`): 64 fixed, seeded entries of the payload as sent, or a
+        digest of every entry where one of them is zero (a sparse payload). The key used to be the signature's head,
+        the pooled mean: it depends on which tokens the moments sample (a message offset) where tokens are clipped or
+        the width is under 64, and a replay of a 256-token message was caught on 1 of 4 messages; and under top-k 1% on
+        byte-level text (4 x 64, seed 5) a first stage's kept entries (82 of 8,192) all sat in one feature whose massive
+        activation was nearly constant across tokens, and two honest messages of one step had equal pooled means while
+        their entries differed: a "certain" replay, and an honest replica banned (issue-18 note, stop 45)."""
+        return self._fingerprint(payload)
 
     def observe(self, msg: Message) -> Verdict:
         st = self._stream(msg.boundary, msg.role)
@@ -523,7 +521,7 @@ class Sentinel(Detector):
         # its float64 sum exactly when every entry is (float32 values or a float64 square norm)
         if not math.isfinite(total):
             return Verdict({}, True, frozenset({Marker.INTEGRITY}))
-        if st.replays is not None and st.replays.seen_before(self._replay_key(msg.payload, sig), msg.step):
+        if st.replays is not None and st.replays.seen_before(self._replay_key(msg.payload), msg.step):
             return Verdict({}, True, frozenset({Marker.REPLAY}))
         if not self._comparable(st, sig) or st.fences is None:  # first message (the Verifier rejects odd shapes)
             return self._first(st, sig, lay, msg, offset)

@@ -268,6 +268,7 @@ def load_log(folder: Path, problems: _Problems) -> EventLog | None:
         setattr(log, table, Table.from_arrays(cols))
     for w in workers:
         log.worker_index(w)
+    log.bans.add_column("by", np.int8, -1)  # a folder written before bans recorded their test (OPTIONAL_COLUMNS)
     log.attacks, log.meta = list(attacks), dict(meta) if isinstance(meta, dict) else {}
     log._next_msg = len(log.messages)
     return log

@@ -54,6 +54,7 @@ def test_save_load_round_trip_and_csv(tmp_path):
 def test_a_folder_written_before_bans_recorded_their_test_still_loads(tmp_path):
     log = EventLog()
     _msg(log, 0)
+    log.log_eval(0, 2.5)
     log.log_ban(1, "s1r0", by="hard")
     log.save(tmp_path)
     with np.load(tmp_path / "events.npz") as z:
@@ -63,3 +64,23 @@ def test_a_folder_written_before_bans_recorded_their_test_still_loads(tmp_path):
     assert back.ban_rules() == [None] and list(back.bans["worker"]) == [0]
     back.log_ban(3, "s1r0", by="scores")  # a resumed run appends to it
     assert back.ban_rules() == [None, "scores"]
+    from sentinel.config import _Problems
+    from sentinel.scoring.folders import load_log
+
+    problems = _Problems()
+    checked = load_log(tmp_path, problems)  # `sentinel report` on such a folder: validated, then scored
+    assert not problems.items and checked.ban_rules() == [None]
+    checked.log_ban(4, "s1r0", by="hard")
+    assert checked.ban_rules() == [None, "hard"]
+
+
+def test_a_replay_key_reads_any_float_dtype():
+    import torch
+
+    from sentinel.detectors.replay import Fingerprint, digest
+
+    x = torch.zeros(2, 8, dtype=torch.bfloat16)  # numpy has no bfloat16; a sender chooses its payload's dtype
+    x[0, 3] = 1.5
+    assert digest(x) == digest(x.clone()) != digest(x.float())
+    y = torch.randn(2, 8).to(torch.bfloat16)
+    assert Fingerprint(0)(y) == Fingerprint(0)(y.clone())

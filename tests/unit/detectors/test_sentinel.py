@@ -375,3 +375,23 @@ def test_a_sparse_payload_is_a_replay_only_when_every_entry_repeats():
     assert Marker.REPLAY not in det.observe(msg(7, 0, a)).markers
     assert Marker.REPLAY not in det.observe(msg(7, 1, b, sender="s1r1")).markers
     assert det.observe(msg(8, 0, a.clone())).markers == {Marker.REPLAY}
+
+
+@pytest.mark.parametrize("shape", [(4, 64, 32), (4, 64, 64)])
+def test_a_dense_replay_is_caught_whichever_tokens_the_moments_sample(shape):
+    """Messages longer than `max_tokens` are sampled from a per-message offset; with width under 64 or a clipped
+    token, the signature's head depended on it, and a replay of such a message was caught on 1 of 4 messages."""
+    from sentinel.detectors.base import Marker
+
+    det = Sentinel(Sentinel.Config(warmup_steps=2, window=64, max_tokens=128), seed=0)
+
+    def payload(s, mb):
+        x = torch.randn(shape, generator=torch.Generator().manual_seed(100 * s + mb))
+        x.view(-1, shape[-1])[::37] *= 50  # a few long tokens: clipping is active
+        return x
+
+    for s in range(6):
+        for mb in range(4):
+            det.observe(msg(s, mb, payload(s, mb)))
+    replayed = [det.observe(msg(8, mb, payload(5, mb))).markers for mb in range(4)]
+    assert all(m == {Marker.REPLAY} for m in replayed)
