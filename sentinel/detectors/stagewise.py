@@ -134,7 +134,7 @@ class Sentinel(Detector):
     replays of relayed tensors are caught by the replay memory.
     """
 
-    checks_payload = True  # NaN / Inf and replays are checked here, from the signature (see verifier.py)
+    checks_payload = True  # NaN / Inf (from the signature) and replays (`_replay_key`) are checked here (verifier.py)
     wants_inputs = True  # the relation statistics read what each sender received (DetectorEnv.sender_inputs)
 
     @dataclasses.dataclass(frozen=True, kw_only=True)

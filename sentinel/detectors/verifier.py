@@ -26,8 +26,8 @@ way. The Verifier adds what does not depend on the detector:
   feature each, so only distributional statistics compare across messages.
 
 A detector that makes a full pass over the payload anyway may declare `checks_payload = True` and do
-the finiteness and replay checks itself from that pass (SENTINEL does, from its signature), with the
-same verdicts; the Verifier then only checks dtype and shape. It reads nothing but the Message: never
+the finiteness and replay checks itself (SENTINEL does: finiteness from its signature's pass, replays with the
+same `Fingerprint`), with the same verdicts; the Verifier then only checks dtype and shape. It reads nothing but the Message: never
 the EventLog's ground truth.
 """
 
