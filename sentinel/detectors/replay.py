@@ -17,6 +17,7 @@ import numpy as np
 import torch
 
 REPLAY_MEMORY = 1000  # steps a fingerprint is remembered
+NUMPY_FLOATS = (torch.float32, torch.float64, torch.float16)
 
 
 class Fingerprint:
@@ -25,18 +26,22 @@ class Fingerprint:
 
     def __init__(self, seed: int):
         self.seed = seed
-        self._idx: dict[int, torch.Tensor] = {}
+        self._idx: dict[int, np.ndarray] = {}  # payload size -> the sampled positions
 
     def __call__(self, payload: torch.Tensor) -> tuple:
-        flat = payload.detach().reshape(-1)
-        n = flat.numel()
-        if n not in self._idx:
+        t = payload.detach()
+        n = t.numel()
+        idx = self._idx.get(n)
+        if idx is None:
             gen = torch.Generator().manual_seed(int(self.seed) ^ 0x5EE)
-            self._idx[n] = torch.randint(0, n, (min(64, n),), generator=gen).to(flat.device)
-        sample = flat.index_select(0, self._idx[n])
-        if bool((sample == 0).any()):  # sparse (masked, top-k) payloads agree on their zeros: use every entry
+            idx = self._idx[n] = torch.randint(0, n, (min(64, n),), generator=gen).numpy()
+        if t.device.type == "cpu" and t.dtype in NUMPY_FLOATS:  # numpy reads it in place: no torch call per message
+            sample = t.reshape(-1).numpy()[idx]
+        else:  # another device, or bfloat16 (which numpy cannot hold): exact in float32
+            sample = t.reshape(-1)[torch.from_numpy(idx).to(t.device)].to("cpu", torch.float32).numpy()
+        if (sample == 0).any():  # sparse (masked, top-k) payloads agree on their zeros: use every entry
             return digest(payload)
-        return (tuple(payload.shape), str(payload.dtype), sample.contiguous().view(torch.uint8).cpu().numpy().tobytes())
+        return (tuple(payload.shape), str(payload.dtype), sample.tobytes())
 
 
 def digest(payload: torch.Tensor) -> tuple:
