@@ -179,9 +179,8 @@ class EventLog:
         self.bans.append(step=step, worker=self.worker_index(worker), replaced_by=rep, by=rule)
 
     def ban_rules(self) -> list[str | None]:
-        """Per row of `bans`, the test that decided the ban (None where none is recorded)."""
-        if "by" not in self.bans.names:  # a log built from arrays written before the column existed
-            return [None] * len(self.bans)
+        """Per row of `bans`, the test that decided the ban (None where none is recorded; both loaders, `load` and
+        `scoring.folders.load_log`, give a folder written before the column existed a column of -1)."""
         return [BAN_RULES[i] if 0 <= i < len(BAN_RULES) else None for i in self.bans["by"].tolist()]
 
     # -- persistence ---------------------------------------------------------------------------
