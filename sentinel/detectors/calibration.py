@@ -250,6 +250,9 @@ class SenderWindows:
     The caller decides when to use it (`judge(..., loo=True)`): with fewer than three live senders, a sender's
     windows would be one peer's traffic, which a malicious peer could shape. Cost: one window update per sender
     per learned value (a 3-replica stage: three instead of one).
+
+    `judge` also gives the message's p against the pooled windows: SENTINEL flags a message only when both say so
+    (`Sentinel._judge`), and accumulates, learns and tests drift on the leave-one-out p alone.
     """
 
     def __init__(self, names, window: int, log, resolution=None, recent: int = 0):
@@ -299,11 +302,13 @@ class SenderWindows:
         return self.others.get(sender, self.pooled) if loo else self.pooled
 
     def judge(self, values: np.ndarray, subset: np.ndarray, sender: str | None = None, loo: bool = False):
-        """`TailCalibrator.judge` against `reference(sender, loo)`."""
+        """`TailCalibrator.judge` against `reference(sender, loo)`: (t, p, p over `subset`), and Bonferroni's p
+        against the pooled windows (the same p where those are the reference). `last_p`: the reference's."""
         cal = self.reference(sender, loo)
-        out = cal.judge(values, subset)
+        pooled = self.pooled.judge(values, subset)[1] if cal is not self.pooled else None
+        t, p, p_sub = cal.judge(values, subset)
         self.last_p = cal.last_p
-        return out
+        return t, p, p_sub, p if pooled is None else pooled
 
     def pvalues(self, t: np.ndarray, sender: str | None = None, loo: bool = False) -> np.ndarray:
         return self.reference(sender, loo).pvalues(t)

@@ -426,16 +426,29 @@ class Sentinel(Detector):
 
     def _judge(
         self, st: Stream, values: np.ndarray, sender: str | None = None, loo: bool = False
-    ) -> tuple[np.ndarray, float, float | None, float | None]:
-        """(values on the windows' scale, statistic, p-value, relation p-value) of one message: for `calibrated`
-        the evidence -log10 p of the Bonferroni-combined tail probabilities (and of the relation statistics
-        alone), against the windows without `sender`'s own values when `loo` (`SenderWindows`); else the fence
-        rule's exceedance statistic (no p-values)."""
+    ) -> tuple[np.ndarray, float, float | None, float | None, float]:
+        """(values on the windows' scale, statistic, p-value, relation p-value, flag statistic) of one message: for
+        `calibrated` the evidence -log10 p of the Bonferroni-combined tail probabilities (and of the relation
+        statistics alone), against the windows without `sender`'s own values when `loo` (`SenderWindows`), and the
+        flag's evidence, -log10 of the larger of that p and the p against the pooled windows; else the fence rule's
+        exceedance statistic (no p-values), which is also the flag's.
+
+        Why two: the message is flagged (dropped, a hard strike) only when it is far out against the pooled windows
+        too, while the leave-one-out p alone feeds the sequential test, the learning rule and the drift tests. Both
+        are valid p-values for an honest sender exchangeable with its peers, and so is the larger. The leave-one-out
+        windows keep an accepted attacker's values out of its own reference (what they were built for), but they
+        hold 2/3 of a 3-replica stage's traffic over 1.5x the steps, and with them alone the clean-twin message FPR of
+        the paper table on byte-level text rose from 0.42, 0.42, 0.07% to 1.00, 0.63, 0.35% (seeds 0-2; issue-18
+        note, stop 45, bisected to them). Flagging on both: 0.63, 0.28, 0.42%, paired -0.22 [-0.28, -0.15] points,
+        with steps to ban +0.04 [-0.00, +0.08] (42 attacked runs, no measurable difference; stop 46). An attacker
+        whose values the pooled windows learned is then flagged less, and banned by the sequential test as before."""
         if self.config.combine != "calibrated":
             t = st.fences.transform(values)
-            return t, self.statistic(st.fences.exceedance(values, t), st.names), None, None
-        t, p, p_rel = st.fences.judge(values, st.relation, sender, loo)
-        return t, -math.log10(max(p, 1e-300)), p, (p_rel if p_rel == p_rel else None)
+            e = self.statistic(st.fences.exceedance(values, t), st.names)
+            return t, e, None, None, e
+        t, p, p_rel, p_pooled = st.fences.judge(values, st.relation, sender, loo)
+        flag = -math.log10(max(p, p_pooled, 1e-300))
+        return t, -math.log10(max(p, 1e-300)), p, (p_rel if p_rel == p_rel else None), flag
 
     def statistic(self, exceed: np.ndarray, names: tuple[str, ...] | None = None) -> float:
         """The combined statistic: flagged <=> statistic > k (see module docstring). A statistic without a
@@ -453,7 +466,9 @@ class Sentinel(Detector):
     def scores(self, boundary: int, role, payload: torch.Tensor, sender: str | None = None) -> dict[str, float]:
         """Pure: no state moves. It uses a fixed token subset (so on payloads of more than `max_tokens` tokens
         it estimates what `observe` would compute) and no sender input (the relation statistics are left out); the
-        evidence is against the windows `observe` would judge `sender` by (`SenderWindows`; None: the pooled ones)."""
+        evidence is against the windows `observe` would judge `sender` by (`SenderWindows`; None: the pooled ones):
+        what the sequential test reads, never below the flag's evidence `observe` logs (`_judge`), so a white-box
+        attacker that keeps it under the level is neither flagged nor accumulates much."""
         st = self._streams.get((int(boundary), int(role)))
         if st is None or st.fences is None:
             return {}
@@ -531,10 +546,10 @@ class Sentinel(Detector):
         if st.fences.count < self.config.min_history:
             return self._accept(st, sig, lay, msg, values, d, st.fences.transform(values))
         _, name, k, k_learn = self._rule(self.config)
-        t, e, p, p_rel = self._judge(
+        t, e, p, p_rel, e_flag = self._judge(
             st, values, msg.sender, self._loo(st, msg.boundary, msg.role, msg.sender, msg.step)
-        )  # t: windows' scale
-        d[name] = e
+        )  # t: windows' scale; e: the leave-one-out evidence; e_flag <= e: the flag's (logged)
+        d[name] = e_flag
         if msg.step < self.config.warmup_steps:  # honest warm-up: learn everything, flag nothing, and give the
             return self._accept(st, sig, lay, msg, values, d, t)  # sequential test no evidence (still logged)
         if self.config.combine == "calibrated":  # the peers' drift test of `_loo` (after the warm-up, as flags)
@@ -550,7 +565,7 @@ class Sentinel(Detector):
         shift = e > k_learn and st.stage_shift(msg.step, e, drift, live, self.config.consensus_horizon)
         if not e <= k_learn and not shift:  # NaN counts as above: the baseline will not learn it, the windows may
             self._learn_outlier(st, msg, values, t)
-        if not e <= k and not shift:  # NaN counts as above the fence
+        if not e_flag <= k and not shift:  # NaN counts as above the fence
             st.flags += 1
             return Verdict(d, True, pvalue=p, relation_pvalue=p_rel)
         learn = e <= k_learn or shift

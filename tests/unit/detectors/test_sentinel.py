@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pytest
 import torch
 
+from sentinel.detectors.calibration import combine
 from sentinel.detectors.stagewise import Sentinel
 from sentinel.transport.message import Message, Role
 
@@ -300,6 +303,40 @@ def test_a_sender_is_judged_against_its_peers_windows_from_three_exchangeable_re
             det.observe(msg(s, m, honest(s, m), sender=senders[m]))
         flags += det.observe(msg(s, 2, honest(s, 2) * 1.6, sender="s1r2")).flagged
     assert (flags >= 30) if replicas == 3 and not lagging else (flags <= 10)
+
+
+def test_a_message_is_flagged_only_when_the_pooled_windows_find_it_far_out_too():
+    """Two tail probabilities per message: against the sender's peers' windows (the leave-one-out p: `Verdict.pvalue`,
+    what the sequential test, the learning rule and the drift tests read) and against the pooled windows. The flag
+    takes the larger of the two, and the logged evidence is the flag's (flagged <=> evidence > level). A sender that
+    taught the pooled windows its own high values during the warm-up stays far out against its peers (sequential
+    evidence) while its messages are not flagged."""
+    from sentinel.detectors.base import DetectorEnv
+
+    senders = ("s1r0", "s1r1", "s1r2")
+    env = DetectorEnv(live_replicas=lambda s: list(senders))
+    det = Sentinel(Sentinel.Config(warmup_steps=20, window=64), seed=0, env=env)
+    quiet_but_out = 0
+    for s in range(40):
+        for m in range(3):
+            x = honest(s, m) * (2.0 if m == 2 else 1.0)  # s1r2 from the start: the pooled windows learn it
+            v = det.observe(msg(s, m, x, sender=senders[m]))
+            if s < 20:
+                continue
+            e = v.scores["evidence"]
+            assert v.flagged == (e > det.config.level)
+            if m == 2:
+                assert v.pvalue is not None and e <= -math.log10(v.pvalue) + 1e-9
+                quiet_but_out += not v.flagged and -math.log10(v.pvalue) > det.config.level
+    assert quiet_but_out >= 15  # of its 20 judged messages
+    st = det._streams[(0, int(Role.GRADIENT))]
+    payload = honest(40, 2) * 2.0
+    values = det._values(st, det._signature(payload, 0)[0], payload, None)
+    t, e, p, _, e_flag = det._judge(st, values, "s1r2", loo=True)
+    pooled = combine(st.fences.pvalues(t, "s1r2", loo=False))  # against a window a third of which is its own
+    assert e > det.config.level >= e_flag
+    assert e == pytest.approx(-math.log10(p)) and e_flag == pytest.approx(-math.log10(max(p, pooled)))
+    assert det._judge(st, values, "s1r2", loo=False)[4] == det._judge(st, values, "s1r2", loo=False)[1]
 
 
 def test_a_sender_is_judged_against_the_pooled_windows_while_a_peer_drifts():
