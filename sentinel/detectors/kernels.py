@@ -295,7 +295,9 @@ def relation(y, r, out, skip_zero, m_start, m_stride, reach, floor, typical, blo
       out[6] = max_i (m'' - a_i) (retain; with seven entries): a_i = <y_i, r_i> / |r_i|^2 on the tokens as sent, the
         share of its own input a token carries on, m'' their median over the rows with r_i != 0, the max over those
         that received a typical magnitude, median |r_j|^2 / TYPICAL_RECEIVED^2 <= |r_i|^2 <= TYPICAL_RECEIVED x the
-        median |r_j|^2 (|r_i| within [median / e, 1.65 median], the upper bound that of out[3]; 0 when none).
+        median |r_j|^2 (|r_i| within [median / e, 1.65 median], the upper bound that of out[3]; 0 when none);
+      out[7] = max_i (a_i - m'') over the same tokens (retain_high; with eight entries): a token that carries on more
+        of its own input than the message's median token does (scaled up along it; 0 when none).
     Returns the local match (`reach` > 0 and five entries; else -inf): the same over every row, centred by the
     means over every row, with the candidates j restricted to the rows at most `reach` positions away (N 2 reach C
     work: every output token against its neighbours' inputs, where a copied token comes from; 0.0 with fewer than
@@ -312,6 +314,7 @@ def relation(y, r, out, skip_zero, m_start, m_stride, reach, floor, typical, blo
     pairs = out.shape[0] > 4
     centred = out.shape[0] > 5
     kept = out.shape[0] > 6
+    above = out.shape[0] > 7
     local = pairs and reach > 0
     # the means: over every row, and over the match's rows
     my = np.zeros(C)
@@ -442,14 +445,20 @@ def relation(y, r, out, skip_zero, m_start, m_stride, reach, floor, typical, blo
         out[5] = low
     if kept:
         low = 0.0
+        high = 0.0
         if m_gain > 0:
             mid = np.median(shares[:m_gain])
             least = typ / TYPICAL_RECEIVED**2  # tokens of |r_i| >= median / e: not tiny
             most = typ * TYPICAL_RECEIVED  # nor far above typical (|r_i|^2 <= e x median, as gain_high)
             for j in range(m_gain):
-                if mid - shares[j] > low and least <= received[j] <= most:
-                    low = mid - shares[j]
+                if least <= received[j] <= most:
+                    if mid - shares[j] > low:
+                        low = mid - shares[j]
+                    if shares[j] - mid > high:
+                        high = shares[j] - mid
         out[6] = low
+        if above:
+            out[7] = high
     if pairs:
         best = 0.0
         if k >= 2:

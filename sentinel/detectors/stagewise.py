@@ -10,8 +10,8 @@ Per stream:
     baseline   bias-corrected EMA of message signatures (decay beta_act forward, beta_grad backward); token
                clipping first (a token longer than `token_clip` x the median is scaled down, `distances.py`)
     statistics pooled distances to the baseline (`distances.py`) and token-level relations to what the sender
-               received (`tokens.py`: align, align_tail, gain_low, match, gain_centred on activations, retain on
-               gradients; token_norm and gain_high on request)
+               received (`tokens.py`: align, align_tail, gain_low, match, gain_centred on activations, retain and
+               retain_high on gradients; token_norm and gain_high on request)
     calibrated (default) each statistic's tail probability under the stream's honest traffic, from a
                generalised Pareto tail fitted to a window of its last `window` accepted values (in the tail, the
                larger of that and the same fit to the `recent` latest values: drift faster than the window follows)
@@ -70,6 +70,7 @@ from sentinel.detectors.tokens import (
     RELATION,
     RELATION_STATS,
     RETAIN_RESOLUTION,
+    RETAIN_STATS,
     IdRelation,
     has_reference,
     is_token_ids,
@@ -97,6 +98,7 @@ DistanceName = Literal[
     "match",
     "gain_centred",
     "retain",
+    "retain_high",
 ]
 # The default: every pooled distance and the relation statistics. token_norm (max / median token norm) is left out:
 # honest gradients of the last stage grow single huge tokens as the model learns (max / median from ~3 to 20-570
@@ -112,7 +114,9 @@ DistanceName = Literal[
 # (tokens.py; issue-18 note, stop 42); gradients skip it (`gradient_skip`). retain (the share of its own input a token
 # carries on) sees a gradient token turned away from what it received (random signs, a rotation), which align_tail's
 # honest tail hides once the model trains (tokens.py; issue-18 note, stop 43); activations skip it (`activation_skip`).
-STATISTICS = DISTANCES + ("align", "align_tail", "gain_low", "match", "gain_centred", "retain")
+# retain_high (a token carrying on more of its input than the median one) sees gradient tokens scaled up, which
+# gain_high would see but is not judged (tokens.py; issue-18 note, stop 46); activations skip it too.
+STATISTICS = DISTANCES + ("align", "align_tail", "gain_low", "match", "gain_centred", "retain", "retain_high")
 FLAG_MEMORY = 10  # steps: a sender's outliers teach the windows (capped) at most once in this many
 LOO_SENDERS = 3  # a sender is judged against its peers' traffic alone from this many live replicas (`SenderWindows`)
 PEER_DRIFT_Z = 3.0  # ... while no peer's recent evidence exceeds uniform p-values' by this many standard errors
@@ -152,7 +156,7 @@ class Sentinel(Detector):
         distances: tuple[DistanceName, ...] = spec(
             STATISTICS,
             help="statistics judged: the pooled distances to the baseline and the token-level ones "
-            "(tokens.py: align, align_tail, gain_low, match, gain_centred and retain where the sender's input is "
+            "(tokens.py: align, align_tail, gain_low, match, gain_centred, retain and retain_high where the sender's input is "
             "known; token_norm and gain_high on request)",
         )
         gradient_skip: tuple[DistanceName, ...] = spec(
@@ -163,10 +167,10 @@ class Sentinel(Detector):
             "gradient token faded toward the mean, and the centred gains' honest tail is heavy); []: judge them all",
         )
         activation_skip: tuple[DistanceName, ...] = spec(
-            ("retain",),
-            help="statistics of `distances` not judged on activation streams (default retain: its honest activation "
-            "tail drifts as the model trains, and align_tail sees an activation token turned away from its input "
-            "once the windows hold trained traffic); []: judge them all",
+            ("retain", "retain_high"),
+            help="statistics of `distances` not judged on activation streams (default retain and retain_high: their "
+            "honest activation tail drifts as the model trains, align_tail sees an activation token turned away from "
+            "its input once the windows hold trained traffic, and the gains one scaled); []: judge them all",
         )
         num_projections: int = spec(32, ge=1, le=1024, help="sliced Wasserstein: random directions")
         num_quantiles: int = spec(32, ge=2, le=1024, help="sliced Wasserstein: quantile levels per direction")
@@ -389,7 +393,7 @@ class Sentinel(Detector):
         self._ids_now = None
         skip = self.config.gradient_skip if msg.role == Role.GRADIENT else self.config.activation_skip
         if msg.role in self.env.zeroed_roles | self.env.projected_roles:  # a share would be the overlap of two masks,
-            skip = (*skip, "retain")  # or the update seen through a subspace
+            skip = (*skip, *RETAIN_STATS)  # or the update seen through a subspace
         if is_token_ids(ref, msg.payload):  # the first stage: the relation is to its input token ids
             st.ids = IdRelation(self.config.num_projections, self.config.beta_act)
             self._ids_now = self._sampled_ids(msg.payload, ref, offset)
@@ -398,7 +402,7 @@ class Sentinel(Detector):
         st.setup(self.config, tuple(n for n in self.names if (has_ref or n not in RELATION_STATS) and n not in skip))
         res = resolutions(st.names, lay)
         res[[i for i, n in enumerate(st.names) if n == "match"]] = MATCH_RESOLUTION
-        res[[i for i, n in enumerate(st.names) if n == "retain"]] = RETAIN_RESOLUTION
+        res[[i for i, n in enumerate(st.names) if n in RETAIN_STATS]] = RETAIN_RESOLUTION
         st.fences.set_resolution(res)
         self._learn(st, sig, lay, msg)
         return Verdict({}, False)

@@ -82,6 +82,19 @@ k of d dimensions (honest retain of 1.8-3.0 median and up to 99 under subspace r
 Not covered: a token given an update orthogonal to its input (noise, a different residual update of a typical size),
 which is what an honest update looks like, and a tampered token that received almost nothing. Not on the first stage.
 
+    retain_high  max_i (a_i - m'')  over the same tokens: a token that carries on more of its own input than the
+                                    message's median token
+
+A token scaled up by an attacker keeps its direction, so no cosine moves, and a gradient token's honest gain is
+lopsided (`gain_high`, on request only: its honest tail outran the windows once the realistic Llama trained). Its share
+of its own input does move, by the factor: two gradient tokens scaled x10 on the built-in text (`wrapped_text.yaml`,
+seed 0, open loop) gave retain_high ~9 (median of the tampered messages) against honest maxima of 2.4 and 1.1 on the
+two attacked boundaries, where gain_high gave 2.3 against 1.7 and 1.2; they took 43 steps to ban (one attacker of two
+never, on two of three seeds) without it. On the realistic Llama (8 x 256, BPE-2048, seed 0) the honest maxima grew
+from ~0.1 (steps 6-60) to 0.4-0.75 (steps 120-200) as it trained; gain_high's from ~0.1 to 1.4-1.8; retain's from ~0.1
+to 0.3-1.1. Judged on gradients only by default (`activation_skip`, as retain), and not where a codec drops entries or
+projects tokens (as retain). Not on the first stage.
+
     match        max_i log[(1 - cos(y_i, r_i)) / (1 - max_j cos(y_i, r_j))]   (both centred; j != i over the tokens
                  that received a typical magnitude; each 1 - cos floored at MATCH_FLOOR; i and j over the sampled
                  tokens, and on a message longer than the sample also i over every token, j over its neighbours)
@@ -148,10 +161,21 @@ from sentinel.detectors.calibration import LOG_FLOOR
 from sentinel.detectors.distances import BLAS_SINGLE_THREAD_MNK as BLOCK
 from sentinel.detectors.distances import kernels
 
-TOKEN_STATS = ("token_norm", "align", "align_tail", "gain_low", "gain_high", "match", "gain_centred", "retain")
+TOKEN_STATS = (
+    "token_norm",
+    "align",
+    "align_tail",
+    "gain_low",
+    "gain_high",
+    "match",
+    "gain_centred",
+    "retain",
+    "retain_high",
+)
 GAIN_STATS = ("gain_low", "gain_high")
-NOT_ON_IDS = (*GAIN_STATS, "match", "gain_centred", "retain")  # not on the first stage: its input is token ids
-RELATION = ("align", "align_tail", *GAIN_STATS, "match", "gain_centred", "retain")  # what `relation` writes, in order
+RETAIN_STATS = ("retain", "retain_high")
+NOT_ON_IDS = (*GAIN_STATS, "match", "gain_centred", *RETAIN_STATS)  # not on the first stage: its input is token ids
+RELATION = ("align", "align_tail", *GAIN_STATS, "match", "gain_centred", *RETAIN_STATS)  # what `relation` writes
 RELATION_STATS = frozenset(RELATION)  # NaN where the sender's input is not available
 MATCH_FLOOR = 1e-4  # `match`: a cosine within this of 1 is as good as equal
 # `match` is a log ratio, so like a log-scaled statistic (calibration.LOG_FLOOR) it is not judged on a finer scale
@@ -192,10 +216,10 @@ def relation(
     offset: int = 0,
     skip_zero: bool = False,
 ) -> bool:
-    """Writes (align, align_tail[, gain_low, gain_high[, match[, gain_centred[, retain]]]]) of `payload` against
-    `reference` to `out` (2, 4, 5, 6 or 7 entries); False (out untouched) when there is no comparable reference (none,
-    token ids, another shape).
-    align, align_tail, the gains and retain read every token (N C work); match compares every pair of the tokens the
+    """Writes (align, align_tail[, gain_low, gain_high[, match[, gain_centred[, retain[, retain_high]]]]]) of
+    `payload` against `reference` to `out` (2, 4, 5, 6, 7 or 8 entries); False (out untouched) when there is no
+    comparable reference (none, token ids, another shape).
+    align, align_tail, the gains, retain and retain_high read every token (N C work); match compares every pair of the tokens the
     signature's moments sample (every s-th from `offset`, s = ceil(N / max_tokens); at most MATCH_TOKENS of them) and,
     when that leaves tokens out, also every token with its MATCH_REACH neighbours on each side (the local match).
     `skip_zero`: tokens exactly zero in the payload or the reference are left out of align, align_tail, the gains

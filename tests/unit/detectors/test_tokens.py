@@ -219,9 +219,9 @@ def reference_gains(y: np.ndarray, r: np.ndarray, centred: bool = False) -> tupl
     return max(0.0, float((m - g).max())), max(0.0, float((g - m)[typical].max()))
 
 
-def reference_retain(y: np.ndarray, r: np.ndarray) -> float:
+def reference_retain(y: np.ndarray, r: np.ndarray, high: bool = False) -> float:
     """max_i (m - a_i), a_i = <y_i, r_i> / |r_i|^2 over the tokens with r_i != 0, m the median of the a_i, the max over
-    the tokens with median |r_j|^2 / e^2 <= |r_i|^2 <= e x median |r_j|^2."""
+    the tokens with median |r_j|^2 / e^2 <= |r_i|^2 <= e x median |r_j|^2 (`high`: max_i (a_i - m), retain_high)."""
     y, r = y.reshape(-1, y.shape[-1]).astype(np.float64), r.reshape(-1, r.shape[-1]).astype(np.float64)
     nr = (r * r).sum(1)
     ok = nr > 0
@@ -230,12 +230,14 @@ def reference_retain(y: np.ndarray, r: np.ndarray) -> float:
     a = (y * r).sum(1)[ok] / nr[ok]
     typical = np.median(nr[ok])
     judged = (nr[ok] >= typical / np.e**2) & (nr[ok] <= typical * np.e)
-    return max(0.0, float((np.median(a) - a)[judged].max())) if judged.any() else 0.0
+    gap = a - np.median(a) if high else np.median(a) - a
+    return max(0.0, float(gap[judged].max())) if judged.any() else 0.0
 
 
 @pytest.mark.parametrize("seed", range(3))
 def test_gain_kernels_are_the_numpy_definition(seed):
-    """gain_low and gain_high (four entries), gain_centred (six) and retain (seven; the first entries as with fewer)."""
+    """gain_low and gain_high (four entries), gain_centred (six), retain (seven) and retain_high (eight; the first
+    entries as with fewer)."""
     y, r = residual_pair(seed)
     if seed == 2:
         r.view(-1, 32)[11] = 0.0  # a token that received nothing: no gain, no share
@@ -243,13 +245,14 @@ def test_gain_kernels_are_the_numpy_definition(seed):
         y.view(-1, 32)[12] = -y.view(-1, 32)[12]
         r.view(-1, 32)[13] *= 10.0  # one that received far more than a typical token, its update against its input:
         y.view(-1, 32)[13] = -3.0 * r.view(-1, 32)[13]  # left out of the max too
-    out, five = np.empty(7), np.empty(5)
+    out, five = np.empty(8), np.empty(5)
     for kw in ({}, {"max_tokens": 16, "offset": 3}):  # 64 tokens, the moments read 16: the gains read all
         assert relation(y, r, out, **kw) and relation(y, r, five, **kw)
         np.testing.assert_allclose(out[:2], reference_relation(y.numpy(), r.numpy()), rtol=1e-9, atol=1e-12)
         np.testing.assert_allclose(out[2:4], reference_gains(y.numpy(), r.numpy()), rtol=1e-9, atol=1e-12)
         assert out[5] == pytest.approx(reference_gains(y.numpy(), r.numpy(), centred=True)[0], rel=1e-9, abs=1e-12)
         assert out[6] == pytest.approx(reference_retain(y.numpy(), r.numpy()), rel=1e-9, abs=1e-12)
+        assert out[7] == pytest.approx(reference_retain(y.numpy(), r.numpy(), high=True), rel=1e-9, abs=1e-12)
         np.testing.assert_array_equal(five, out[:5])
 
 
@@ -274,6 +277,25 @@ def test_a_token_turned_away_from_its_input_keeps_little_of_it(seed):
     relation(t, r, bad)
     assert honest[1] > 0.5  # align_tail: honest tokens whose cosine with their input fell to ~0.3-0.5
     assert honest[6] < 1e-5 and bad[6] > 0.5
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_a_token_scaled_up_carries_on_more_of_its_input(seed):
+    """A gradient token scaled x10 keeps its direction (no cosine moves) and carries on ~10x its input: retain_high (the
+    largest excess of that share over the message's median) sees it at ~9 against an honest ~0, retain not at all."""
+    g = torch.Generator().manual_seed(seed)
+    r = torch.randn(4, 16, 64, generator=g)
+    update = torch.randn(4, 16, 64, generator=g) * torch.rand(4, 16, 1, generator=g)
+    update -= (update * r).sum(-1, keepdim=True) / (r * r).sum(-1, keepdim=True) * r  # orthogonal to the input
+    y = r + update
+    t = y.clone()
+    norms = r.view(-1, 64).norm(dim=1)
+    i = int((norms - norms.median()).abs().argmin())  # a token that received a typical magnitude
+    t.view(-1, 64)[i] *= 10.0
+    honest, bad = np.empty(8), np.empty(8)
+    relation(y, r, honest)
+    relation(t, r, bad)
+    assert honest[7] < 1e-5 and bad[7] == pytest.approx(9.0, abs=1e-3) and bad[6] == pytest.approx(honest[6], abs=1e-5)
 
 
 @pytest.mark.parametrize("factor", [10.0, 0.05, 0.0])
