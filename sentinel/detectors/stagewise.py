@@ -156,8 +156,8 @@ class Sentinel(Detector):
         distances: tuple[DistanceName, ...] = spec(
             STATISTICS,
             help="statistics judged: the pooled distances to the baseline and the token-level ones "
-            "(tokens.py: align, align_tail, gain_low, match, gain_centred, retain and retain_high where the sender's input is "
-            "known; token_norm and gain_high on request)",
+            "(tokens.py: align, align_tail, gain_low, match, gain_centred, retain and retain_high where the sender's "
+            "input is known; token_norm and gain_high on request)",
         )
         gradient_skip: tuple[DistanceName, ...] = spec(
             ("l2_normalized", "gain_centred"),
@@ -169,8 +169,8 @@ class Sentinel(Detector):
         activation_skip: tuple[DistanceName, ...] = spec(
             ("retain", "retain_high"),
             help="statistics of `distances` not judged on activation streams (default retain and retain_high: their "
-            "honest activation tail drifts as the model trains, align_tail sees an activation token turned away from "
-            "its input once the windows hold trained traffic, and the gains one scaled); []: judge them all",
+            "honest activation tail drifts as the model trains, and align_tail sees an activation token turned away "
+            "from its input once the windows hold trained traffic); []: judge them all",
         )
         num_projections: int = spec(32, ge=1, le=1024, help="sliced Wasserstein: random directions")
         num_quantiles: int = spec(32, ge=2, le=1024, help="sliced Wasserstein: quantile levels per direction")

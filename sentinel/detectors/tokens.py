@@ -3,9 +3,9 @@
 Every pooled statistic of `distances.py` (per-feature means, moments, sliced quantiles of the token cloud)
 is a function of the *multiset* of token vectors: it does not change when a sender reorders its tokens
 along the sequence or the batch, exchanges whole sequences or microbatches, or alters a handful of
-tokens among hundreds. Eight statistics look at tokens one by one (all "larger = more anomalous"; judged by
-default: align, align_tail, gain_low, match, gain_centred (activations), retain (gradients); token_norm and gain_high
-on request):
+tokens among hundreds. Nine statistics look at tokens one by one (all "larger = more anomalous"; judged by
+default: align, align_tail, gain_low, match, gain_centred (activations), retain and retain_high (gradients);
+token_norm and gain_high on request):
 
     token_norm   max_i |x_i| / median_i |x_i|         (few tokens scaled up; measured before clipping)
     align        1 - mean_i cos(y_i - ybar, r_i - rbar)   (the relation between what a stage received and
@@ -61,10 +61,10 @@ honest shares sat within 0.02 of each other early in training, and their drift t
 the sequential test's later guards that run bans nobody at 0.02 (FPR 0.14%). At 0.05 the floor, not the honest
 spread, set the tail's scale where a deep stage's honest maxima were 0.01-0.07: two gradient tokens turned 45 or 60
 degrees (retain ~0.29 and ~0.5, 4-7x the honest maxima) got p ~ 1e-3 per message, and took 21.5 and 9.3 steps to ban
-(`generalisation/turn_angles.yaml`, seeds 0-2); at 0.02, 15.5 and 4.7, the clean twins unchanged (stop 46). A token that received almost nothing has a
-share made of its update alone, whatever its sign: over every token, retain raised the activations' honest flags of
-40 held-out runs (Markdown and dpkg bytes) from 68 to 102; over the tokens that received at least 1/e of the median,
-66 (issue-18 note, stop 43). Nor is a token that received far more than a typical one (|r_i|^2 above e x the median,
+(`generalisation/turn_angles.yaml`, seeds 0-2); at 0.02, 15.5 and 4.7, the clean twins unchanged (stop 46). A token
+that received almost nothing has a share made of its update alone, whatever its sign: over every token, retain
+raised the activations' honest flags of 40 held-out runs (Markdown and dpkg bytes) from 68 to 102; over the tokens
+that received at least 1/e of the median, 66 (issue-18 note, stop 43). Nor is a token that received far more than a typical one (|r_i|^2 above e x the median,
 as for gain_high): the loss leans on it, and the stage's own update of it can be several times its input and point
 against it. On byte-level text with one layer a stage (4 x 64, the paper mesh) such tokens gave honest shares of -1.7
 and -2.6 (|r_i|^2 at 33 and 6.5 x the median) in stage-wide excursions over training steps 25-55, retain up to 4.8 where

@@ -246,8 +246,9 @@ def test_gradient_streams_skip_what_gradient_skip_names():
 
 
 def test_activation_streams_skip_what_activation_skip_names():
-    """By default activations are judged without retain and retain_high (gradients only); what `activation_skip` names is left out of
-    the activation streams alone, and a list that leaves activations nothing is a located config error."""
+    """By default activations are judged without retain and retain_high (gradients only); what `activation_skip`
+    names is left out of the activation streams alone, and a list that leaves activations nothing is a located config
+    error."""
     assert Sentinel.Config().activation_skip == ("retain", "retain_high")
     assert {"retain", "retain_high"} <= set(Sentinel.Config().distances)
     det = small(activation_skip=("l1",))
