@@ -161,19 +161,9 @@ from sentinel.detectors.calibration import LOG_FLOOR
 from sentinel.detectors.distances import BLAS_SINGLE_THREAD_MNK as BLOCK
 from sentinel.detectors.distances import kernels
 
-TOKEN_STATS = (
-    "token_norm",
-    "align",
-    "align_tail",
-    "gain_low",
-    "gain_high",
-    "match",
-    "gain_centred",
-    "retain",
-    "retain_high",
-)
 GAIN_STATS = ("gain_low", "gain_high")
 RETAIN_STATS = ("retain", "retain_high")
+TOKEN_STATS = ("token_norm", "align", "align_tail", *GAIN_STATS, "match", "gain_centred", *RETAIN_STATS)
 NOT_ON_IDS = (*GAIN_STATS, "match", "gain_centred", *RETAIN_STATS)  # not on the first stage: its input is token ids
 RELATION = ("align", "align_tail", *GAIN_STATS, "match", "gain_centred", *RETAIN_STATS)  # what `relation` writes
 RELATION_STATS = frozenset(RELATION)  # NaN where the sender's input is not available
