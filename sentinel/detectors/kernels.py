@@ -524,6 +524,26 @@ def relation(y, r, out, skip_zero, m_start, m_stride, reach, floor, typical, blo
     return best
 
 
+@numba.njit(cache=True, nogil=True, fastmath=True)
+def kept_cosine(y, r):  # pragma: no cover - compiled
+    """cos(y, r) over the entries where both y and r (flat float32 arrays of one length) are non-zero: the entries
+    both a sparse message and its sender's sparse input carry (`tokens.carry`); 0.0 when there is none, or when the
+    entries kept are all zero in one of them. float64 sums (`fastmath`: their order only moves the last bits)."""
+    yy = 0.0
+    rr = 0.0
+    yr = 0.0
+    for i in range(y.shape[0]):
+        a = np.float64(y[i])
+        b = np.float64(r[i])
+        if a != 0.0 and b != 0.0:
+            yy += a * a
+            rr += b * b
+            yr += a * b
+    if yy <= 0.0 or rr <= 0.0:
+        return 0.0
+    return yr / np.sqrt(yy * rr)
+
+
 @numba.njit(cache=True, nogil=True)
 def window_insert(rows, count, old, new, full):  # pragma: no cover - compiled
     """Sliding windows kept sorted: in each row of `rows` (D, W), whose first `count` entries are sorted,

@@ -65,6 +65,8 @@ from sentinel.detectors.distances import (
 )
 from sentinel.detectors.streams import Stream, mix
 from sentinel.detectors.tokens import (
+    CARRY_RESOLUTION,
+    CARRY_STATS,
     MATCH_RESOLUTION,
     NOT_ON_IDS,
     RELATION,
@@ -72,6 +74,7 @@ from sentinel.detectors.tokens import (
     RETAIN_RESOLUTION,
     RETAIN_STATS,
     IdRelation,
+    carry,
     has_reference,
     is_token_ids,
     reference_of,
@@ -99,6 +102,7 @@ DistanceName = Literal[
     "gain_centred",
     "retain",
     "retain_high",
+    "carry",
 ]
 # The default: every pooled distance and the relation statistics. token_norm (max / median token norm) is left out:
 # honest gradients of the last stage grow single huge tokens as the model learns (max / median from ~3 to 20-570
@@ -115,8 +119,10 @@ DistanceName = Literal[
 # carries on) sees a gradient token turned away from what it received (random signs, a rotation), which align_tail's
 # honest tail hides once the model trains (tokens.py; issue-18 note, stop 43); activations skip it (`activation_skip`).
 # retain_high (a token carrying on more of its input than the median one) sees gradient tokens scaled up, which
-# gain_high would see but is not judged (tokens.py; issue-18 note, stop 46); activations skip it too.
-STATISTICS = DISTANCES + ("align", "align_tail", "gain_low", "match", "gain_centred", "retain", "retain_high")
+# gain_high would see but is not judged (tokens.py; issue-18 note, stop 46); activations skip it too. carry (the cosine
+# of a whole message with its sender's input over the entries both kept) sees signs flipped or scrambled on gradients
+# where the codec drops entries, the only traffic it is judged on (tokens.py; issue-18 note, stop 47).
+STATISTICS = DISTANCES + ("align", "align_tail", "gain_low", "match", "gain_centred", "retain", "retain_high", "carry")
 FLAG_MEMORY = 10  # steps: a sender's outliers teach the windows (capped) at most once in this many
 LOO_SENDERS = 3  # a sender is judged against its peers' traffic alone from this many live replicas (`SenderWindows`)
 PEER_DRIFT_Z = 3.0  # ... while no peer's recent evidence exceeds uniform p-values' by this many standard errors
@@ -157,7 +163,7 @@ class Sentinel(Detector):
             STATISTICS,
             help="statistics judged: the pooled distances to the baseline and the token-level ones "
             "(tokens.py: align, align_tail, gain_low, match, gain_centred, retain and retain_high where the sender's "
-            "input is known; token_norm and gain_high on request)",
+            "input is known, carry where the codec also drops entries; token_norm and gain_high on request)",
         )
         gradient_skip: tuple[DistanceName, ...] = spec(
             ("l2_normalized", "gain_centred"),
@@ -167,10 +173,11 @@ class Sentinel(Detector):
             "gradient token faded toward the mean, and the centred gains' honest tail is heavy); []: judge them all",
         )
         activation_skip: tuple[DistanceName, ...] = spec(
-            ("retain", "retain_high"),
+            ("retain", "retain_high", "carry"),
             help="statistics of `distances` not judged on activation streams (default retain and retain_high: their "
             "honest activation tail drifts as the model trains, and align_tail sees an activation token turned away "
-            "from its input once the windows hold trained traffic); []: judge them all",
+            "from its input once the windows hold trained traffic; carry: measured on gradients only); []: judge them "
+            "all",
         )
         num_projections: int = spec(32, ge=1, le=1024, help="sliced Wasserstein: random directions")
         num_quantiles: int = spec(32, ge=2, le=1024, help="sliced Wasserstein: quantile levels per direction")
@@ -361,6 +368,8 @@ class Sentinel(Detector):
         elif RELATION_STATS.intersection(st.names):
             ok = relation(payload, reference, self._rel, self.config.max_tokens, offset, zeroed)
             got.update(zip(RELATION, (float(v) for v in self._rel) if ok else (np.nan,) * len(RELATION)))
+        if "carry" in st.names:  # only where the codec drops entries (`_first`)
+            got["carry"] = carry(payload, reference)
         return np.array([got[n] for n in st.names])
 
     def _feeders(self, msg: Message) -> tuple:
@@ -394,6 +403,8 @@ class Sentinel(Detector):
         skip = self.config.gradient_skip if msg.role == Role.GRADIENT else self.config.activation_skip
         if msg.role in self.env.zeroed_roles | self.env.projected_roles:  # a share would be the overlap of two masks,
             skip = (*skip, *RETAIN_STATS)  # or the update seen through a subspace
+        if msg.role not in self.env.zeroed_roles:  # dense or projected tokens: retain and align relate them whole
+            skip = (*skip, *CARRY_STATS)
         if is_token_ids(ref, msg.payload):  # the first stage: the relation is to its input token ids
             st.ids = IdRelation(self.config.num_projections, self.config.beta_act)
             self._ids_now = self._sampled_ids(msg.payload, ref, offset)
@@ -403,6 +414,7 @@ class Sentinel(Detector):
         res = resolutions(st.names, lay)
         res[[i for i, n in enumerate(st.names) if n == "match"]] = MATCH_RESOLUTION
         res[[i for i, n in enumerate(st.names) if n in RETAIN_STATS]] = RETAIN_RESOLUTION
+        res[[i for i, n in enumerate(st.names) if n in CARRY_STATS]] = CARRY_RESOLUTION
         st.fences.set_resolution(res)
         self._learn(st, sig, lay, msg)
         return Verdict({}, False)

@@ -3,9 +3,10 @@
 Every pooled statistic of `distances.py` (per-feature means, moments, sliced quantiles of the token cloud)
 is a function of the *multiset* of token vectors: it does not change when a sender reorders its tokens
 along the sequence or the batch, exchanges whole sequences or microbatches, or alters a handful of
-tokens among hundreds. Nine statistics look at tokens one by one (all "larger = more anomalous"; judged by
-default: align, align_tail, gain_low, match, gain_centred (activations), retain and retain_high (gradients);
-token_norm and gain_high on request):
+tokens among hundreds. Nine statistics look at tokens one by one, and a tenth relates a whole sparse message to its
+sender's input (all "larger = more anomalous"; judged by default: align, align_tail, gain_low, match, gain_centred
+(activations), retain and retain_high (gradients), carry (gradients, where the codec drops entries); token_norm and
+gain_high on request):
 
     token_norm   max_i |x_i| / median_i |x_i|         (few tokens scaled up; measured before clipping)
     align        1 - mean_i cos(y_i - ybar, r_i - rbar)   (the relation between what a stage received and
@@ -95,6 +96,32 @@ from ~0.1 (steps 6-60) to 0.4-0.75 (steps 120-200) as it trained; gain_high's fr
 to 0.3-1.1. Judged on gradients only by default (`activation_skip`, as retain), and not where a codec drops entries or
 projects tokens (as retain). Not on the first stage.
 
+    carry        1 - cos(y, r) over the entries both carry   (the whole message against what its sender received, on
+                                    the entries where neither is zero; judged only where the codec drops entries)
+
+Where a codec drops entries (top-k, random masks: `DetectorEnv.zeroed_roles`) no token of a message arrives whole:
+retain and retain_high are not judged there, a token shares ~q^2 of its entries with its input (q the keep rate) for
+the cosines of align and match to compare, and a gradient attacker that flips or scrambles signs was seen by the pooled
+distances alone: sign
+flips on gradients (`compression/paper_gradient.yaml`, synthetic, seeds 0-1) took 12-33 steps to ban under random masks
+keeping 10% and 5% (2 of 8 attackers never banned) and 11.5-25.5 under top-k 10%, random signs 6-39 under the masks (3 of
+8 never banned) and 23.5-29.5 under top-k 10%.
+What a stage passes on survives sparsification where both its input and its output kept an entry: a random mask's
+kept entries of a gradient and of the gradient its sender received overlap on ~q^2 of them (82 of
+8,192 at q = 0.1, 20 at 0.05; top-k 10%: ~700, its large entries are the same ones on both sides of a residual
+stage), and there the message points where its input does. Over those entries the honest cosine sat at a median of
+0.6-1.0 per stream (1.00 on activations), a sign-flipped message at minus its honest self, random signs at ~0: as the
+share of honest messages at or below it, a sign-flipped gradient message stood at p < 0.001 (median) at every
+boundary but one (random masks at q = 0.05, where the first stage's input overlaps its output on ~21 entries: 0.015);
+random signs at 0.007 and below under q = 0.1 and top-k 10% (open loop, seed 0, issue-18 note, stop 47). Honest
+messages do sometimes point against their input there: once in ~250 a stage-wide burst of a huge gradient. The
+cosine, not a t-statistic of the products (sum over their root sum of squares): one or two large products dominate
+each message, and its honest tail was no lighter. An empty overlap (top-k 1%: most messages) gives cos 0, a value
+the stream's windows see often, so it says nothing. Judged on gradients only by default (`activation_skip`), only
+where the codec drops entries, not on the first stage (token ids) nor the last stage's gradients (none received).
+Closed loop on the same sweep (56 runs): attackers never banned 10 of 112 -> 4 (the four under top-k 1% with a bias),
+steps to ban -2.4 [-3.8, -1.0], message FPR +0.05 [+0.03, +0.08] points, 0 false bans (README, `carry`).
+
     match        max_i log[(1 - cos(y_i, r_i)) / (1 - max_j cos(y_i, r_j))]   (both centred; j != i over the tokens
                  that received a typical magnitude; each 1 - cos floored at MATCH_FLOOR; i and j over the sampled
                  tokens, and on a message longer than the sample also i over every token, j over its neighbours)
@@ -163,10 +190,11 @@ from sentinel.detectors.distances import kernels
 
 GAIN_STATS = ("gain_low", "gain_high")
 RETAIN_STATS = ("retain", "retain_high")
-TOKEN_STATS = ("token_norm", "align", "align_tail", *GAIN_STATS, "match", "gain_centred", *RETAIN_STATS)
-NOT_ON_IDS = (*GAIN_STATS, "match", "gain_centred", *RETAIN_STATS)  # not on the first stage: its input is token ids
+CARRY_STATS = ("carry",)  # the whole message against its sender's input, where the codec drops entries (`carry`)
+TOKEN_STATS = ("token_norm", "align", "align_tail", *GAIN_STATS, "match", "gain_centred", *RETAIN_STATS, *CARRY_STATS)
+NOT_ON_IDS = (*GAIN_STATS, "match", "gain_centred", *RETAIN_STATS, *CARRY_STATS)  # the first stage's input: token ids
 RELATION = ("align", "align_tail", *GAIN_STATS, "match", "gain_centred", *RETAIN_STATS)  # what `relation` writes
-RELATION_STATS = frozenset(RELATION)  # NaN where the sender's input is not available
+RELATION_STATS = frozenset((*RELATION, *CARRY_STATS))  # NaN where the sender's input is not available
 MATCH_FLOOR = 1e-4  # `match`: a cosine within this of 1 is as good as equal
 # `match` is a log ratio, so like a log-scaled statistic (calibration.LOG_FLOOR) it is not judged on a finer scale
 # than 1%: where its honest values all sit at 0 (no other token explains any output token better than its own), a
@@ -174,6 +202,7 @@ MATCH_FLOOR = 1e-4  # `match`: a cosine within this of 1 is as good as equal
 # p ~ 1e-44 and 1e-120 on a straggler's gradients (16 x 11 async mesh), and two messages banned it.
 MATCH_RESOLUTION = LOG_FLOOR
 RETAIN_RESOLUTION = 0.02  # `retain` is a share of a token's input: shortfalls closer than 2% of it are not a spread
+CARRY_RESOLUTION = 0.02  # `carry` is 1 - a cosine: differences under 0.02 are not a spread
 MATCH_TOKENS = 256  # `match` compares every pair of at most this many tokens (the default `max_tokens` is 128)
 MATCH_REACH = 4  # ... and, on longer messages, every token with the inputs of this many neighbours on each side
 
@@ -229,6 +258,14 @@ def relation(
     if reach:
         out[4] = max(out[4], local)
     return True
+
+
+def carry(payload: torch.Tensor, reference: torch.Tensor | None) -> float:
+    """1 - cos(payload, reference) over the entries where neither is zero (1.0 when there is none); NaN when there is
+    no comparable reference (`has_reference`)."""
+    if not has_reference(payload, reference):
+        return math.nan
+    return 1.0 - kernels.kept_cosine(_tokens(payload).reshape(-1), _tokens(reference).reshape(-1))
 
 
 def match(y: np.ndarray, r: np.ndarray, start: int = 0, stride: int = 1) -> float:

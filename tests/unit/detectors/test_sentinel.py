@@ -246,11 +246,11 @@ def test_gradient_streams_skip_what_gradient_skip_names():
 
 
 def test_activation_streams_skip_what_activation_skip_names():
-    """By default activations are judged without retain and retain_high (gradients only); what `activation_skip`
+    """By default activations are judged without retain, retain_high and carry (gradients only); what `activation_skip`
     names is left out of the activation streams alone, and a list that leaves activations nothing is a located config
     error."""
-    assert Sentinel.Config().activation_skip == ("retain", "retain_high")
-    assert {"retain", "retain_high"} <= set(Sentinel.Config().distances)
+    assert Sentinel.Config().activation_skip == ("retain", "retain_high", "carry")
+    assert {"retain", "retain_high", "carry"} <= set(Sentinel.Config().distances)
     det = small(activation_skip=("l1",))
     feed(det, 6)
     feed(det, 6, Role.ACTIVATION)

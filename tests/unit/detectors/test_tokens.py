@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pytest
 import torch
@@ -500,3 +502,74 @@ def test_retain_is_judged_on_gradients_only_and_not_where_a_codec_drops_entries_
     assert "retain" not in masked.names and "align_tail" in masked.names
     _, projected = streams(frozenset(), frozenset({Role.GRADIENT}))
     assert "retain" not in projected.names and "align_tail" in projected.names
+
+
+def test_carry_is_the_cosine_over_the_entries_both_keep():
+    """The kernel equals its numpy definition: 1 - cos(y, r) over the entries where neither is zero (1.0 when they
+    share none), on random sparse payloads of three seeds."""
+    from sentinel.detectors.tokens import carry
+
+    for seed in range(3):
+        g = torch.Generator().manual_seed(seed)
+        r = torch.randn(3, 16, 24, generator=g) * (torch.rand(3, 16, 24, generator=g) < 0.2)
+        y = torch.randn(3, 16, 24, generator=g) * (torch.rand(3, 16, 24, generator=g) < 0.2)
+        both = (y != 0) & (r != 0)
+        yo, ro = y[both].double(), r[both].double()
+        want = 1.0 - float(yo @ ro / (yo.norm() * ro.norm()))
+        assert both.sum() > 10 and carry(y, r) == pytest.approx(want, abs=1e-9)
+    r = torch.zeros(2, 4, 8)
+    r[0, 0, 0] = 1.0
+    y = torch.zeros(2, 4, 8)
+    y[0, 0, 1] = 1.0
+    assert carry(y, r) == 1.0  # nothing kept on both sides
+    assert math.isnan(carry(y, None)) and math.isnan(carry(y, torch.zeros(2, 4, dtype=torch.long)))
+
+
+def test_carry_sees_a_sparse_gradient_whose_signs_were_flipped_or_scrambled():
+    """A residual stage's gradient g_in = g_out + J^T g_out, masked on both sides by independent random masks that
+    keep 10%: over the ~1% of entries both keep, the message points where its input does (carry near 0); flipped,
+    it points against it (near 2); with random signs, nowhere (near 1)."""
+    from sentinel.detectors.tokens import carry
+
+    g = torch.Generator().manual_seed(0)
+    r_full = torch.randn(4, 32, 64, generator=g)
+    update = 0.3 * torch.randn(4, 32, 64, generator=g)  # J^T g: of a third of the input's size, unrelated to it
+    m_in, m_out = (torch.rand(4, 32, 64, generator=g) < 0.1 for _ in range(2))
+    r = r_full * m_in / 0.1
+    sent = (r + update) * m_out / 0.1
+    honest = carry(sent, r)
+    signs = torch.where(torch.rand(4, 32, 64, generator=g) < 0.5, -1.0, 1.0)
+    assert honest < 0.15
+    assert carry(-sent, r) > 1.85
+    assert 0.6 < carry(sent * signs, r) < 1.4
+
+
+def test_carry_is_judged_on_gradients_only_and_only_where_a_codec_drops_entries():
+    """carry relates a whole message to its sender's input over the entries both kept: judged on gradient streams
+    whose codec drops entries (`DetectorEnv.zeroed_roles`), at CARRY_RESOLUTION; not on dense or projected traffic
+    (retain and align relate whole tokens there), nor on activations (`activation_skip`)."""
+    from sentinel.detectors.base import DetectorEnv
+    from sentinel.detectors.stagewise import Sentinel
+    from sentinel.detectors.tokens import CARRY_RESOLUTION
+    from sentinel.transport.message import Message, Role
+    from sentinel.transport.relay import SenderInputs
+
+    g = torch.Generator().manual_seed(0)
+    x_in, g_in = torch.randn(2, 8, 16, generator=g), torch.randn(2, 8, 16, generator=g)
+
+    def streams(zeroed, projected=frozenset()):
+        env = DetectorEnv(
+            sender_inputs=lambda msg: SenderInputs((0, 0, 1, int(msg.role)), x_in, g_in),
+            zeroed_roles=zeroed,
+            projected_roles=projected,
+        )
+        det = Sentinel(Sentinel.Config(), env=env)
+        det.observe(Message(0, 0, 1, Role.ACTIVATION, "s1r0", "s2r0", x_in + 0.1 * torch.randn_like(x_in)))
+        det.observe(Message(0, 0, 1, Role.GRADIENT, "s2r0", "s1r0", g_in + 0.1 * torch.randn_like(g_in)))
+        return det._streams[(1, int(Role.ACTIVATION))], det._streams[(1, int(Role.GRADIENT))]
+
+    act, grad = streams(frozenset({Role.ACTIVATION, Role.GRADIENT}))
+    assert "carry" in grad.names and "carry" not in act.names
+    assert grad.fences.resolution[grad.names.index("carry")] == CARRY_RESOLUTION
+    for zeroed, projected in ((frozenset(), frozenset()), (frozenset(), frozenset({Role.GRADIENT}))):
+        assert "carry" not in streams(zeroed, projected)[1].names
