@@ -117,8 +117,10 @@ random signs at 0.007 and below under q = 0.1 and top-k 10% (open loop, seed 0, 
 messages do sometimes point against their input there: once in ~250 a stage-wide burst of a huge gradient. The
 cosine, not a t-statistic of the products (sum over their root sum of squares): one or two large products dominate
 each message, and its honest tail was no lighter. An empty overlap (top-k 1%: most messages) gives cos 0, a value
-the stream's windows see often, so it says nothing. Judged on gradients only by default (`activation_skip`), only
-where the codec drops entries, not on the first stage (token ids) nor the last stage's gradients (none received).
+the stream's windows see often, so it says nothing. Judged on gradients only by default (`activation_skip`): judged on
+activations too (`compression/paper_activation.yaml` under the same four codecs, seeds 0-1, 56 runs) it made no
+measurable difference (steps to ban -0.6 [-1.8, +0.7], message FPR +0.02 [-0.01, +0.05] points). Only where the codec
+drops entries, not on the first stage (token ids) nor the last stage's gradients (none received).
 Closed loop on the same sweep (56 runs): attackers never banned 10 of 112 -> 4 (the four under top-k 1% with a bias),
 steps to ban -2.4 [-3.8, -1.0], message FPR +0.05 [+0.03, +0.08] points, 0 false bans (README, `carry`).
 
