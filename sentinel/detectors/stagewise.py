@@ -403,7 +403,7 @@ class Sentinel(Detector):
         skip = self.config.gradient_skip if msg.role == Role.GRADIENT else self.config.activation_skip
         if msg.role in self.env.zeroed_roles | self.env.projected_roles:  # a share would be the overlap of two masks,
             skip = (*skip, *RETAIN_STATS)  # or the update seen through a subspace
-        if msg.role not in self.env.zeroed_roles:  # dense or projected tokens: retain and align relate them whole
+        if msg.role not in self.env.zeroed_roles:  # carry: only where the codec drops entries (tokens.py)
             skip = (*skip, *CARRY_STATS)
         if is_token_ids(ref, msg.payload):  # the first stage: the relation is to its input token ids
             st.ids = IdRelation(self.config.num_projections, self.config.beta_act)

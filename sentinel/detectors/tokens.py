@@ -100,29 +100,28 @@ projects tokens (as retain). Not on the first stage.
                                     the entries where neither is zero; judged only where the codec drops entries)
 
 Where a codec drops entries (top-k, random masks: `DetectorEnv.zeroed_roles`) no token of a message arrives whole:
-retain and retain_high are not judged there, a token shares ~q^2 of its entries with its input (q the keep rate) for
-the cosines of align and match to compare, and a gradient attacker that flips or scrambles signs was seen by the pooled
-distances alone: sign
-flips on gradients (`compression/paper_gradient.yaml`, synthetic, seeds 0-1) took 12-33 steps to ban under random masks
-keeping 10% and 5% (2 of 8 attackers never banned) and 11.5-25.5 under top-k 10%, random signs 6-39 under the masks (3 of
-8 never banned) and 23.5-29.5 under top-k 10%.
-What a stage passes on survives sparsification where both its input and its output kept an entry: a random mask's
-kept entries of a gradient and of the gradient its sender received overlap on ~q^2 of them (82 of
-8,192 at q = 0.1, 20 at 0.05; top-k 10%: ~700, its large entries are the same ones on both sides of a residual
-stage), and there the message points where its input does. Over those entries the honest cosine sat at a median of
-0.6-1.0 per stream (1.00 on activations), a sign-flipped message at minus its honest self, random signs at ~0: as the
-share of honest messages at or below it, a sign-flipped gradient message stood at p < 0.001 (median) at every
-boundary but one (random masks at q = 0.05, where the first stage's input overlaps its output on ~21 entries: 0.015);
-random signs at 0.007 and below under q = 0.1 and top-k 10% (open loop, seed 0, issue-18 note, stop 47). Honest
-messages do sometimes point against their input there: once in ~250 a stage-wide burst of a huge gradient. The
-cosine, not a t-statistic of the products (sum over their root sum of squares): one or two large products dominate
-each message, and its honest tail was no lighter. An empty overlap (top-k 1%: most messages) gives cos 0, a value
-the stream's windows see often, so it says nothing. Judged on gradients only by default (`activation_skip`): judged on
-activations too (`compression/paper_activation.yaml` under the same four codecs, seeds 0-1, 56 runs) it made no
-measurable difference (steps to ban -0.6 [-1.8, +0.7], message FPR +0.02 [-0.01, +0.05] points). Only where the codec
-drops entries, not on the first stage (token ids) nor the last stage's gradients (none received).
-Closed loop on the same sweep (56 runs): attackers never banned 10 of 112 -> 4 (the four under top-k 1% with a bias),
-steps to ban -2.4 [-3.8, -1.0], message FPR +0.05 [+0.03, +0.08] points, 0 false bans (README, `carry`).
+retain and retain_high are not judged there, a token shares ~q^2 of its entries with its input (q the keep rate) for the
+cosines of align and match to compare, and a gradient attacker that flips or scrambles signs was seen by the pooled
+distances alone: sign flips on gradients (`compression/paper_gradient.yaml`, synthetic, seeds 0-1) took 12-33 steps to
+ban under random masks keeping 10% and 5% (2 of 8 attackers never banned) and 11.5-25.5 under top-k 10%, random signs
+6-39 under the masks (3 of 8 never banned) and 23.5-29.5 under top-k 10%.
+What a stage passes on survives sparsification where both its input and its output kept an entry: a random mask's kept
+entries of a gradient and of the gradient its sender received overlap on ~q^2 of them (82 of 8,192 at q = 0.1, 20 at
+0.05; top-k 10%: ~700, its large entries are the same ones on both sides of a residual stage), and there the message
+points where its input does. Over those entries the honest cosine sat at a median of 0.6-1.0 per stream (1.00 on
+activations), a sign-flipped message at minus its honest self, random signs at ~0: as the share of honest messages at or
+below it, a sign-flipped gradient message stood at p < 0.001 (median) at every boundary but one (random masks at q =
+0.05 across the first boundary, where a message and its sender's input share ~21 entries: 0.015); random signs at 0.007
+and below under q = 0.1 and top-k 10% (open loop, seed 0, issue-18 note, stop 47). Honest messages do sometimes point
+against their input there: once in ~250 a stage-wide burst of a huge gradient. The cosine, not a t-statistic of the
+products (sum over their root sum of squares): one or two large products dominate each message, and it separated no
+better (worse on invisible noise: a median p of 0.2 against 0.004 at q = 0.1). An empty overlap (top-k 1%: most
+messages) gives cos 0, a value the stream's windows see often, so it says nothing. Judged on gradients only by default
+(`activation_skip`): judged on activations too (`compression/paper_activation.yaml` under the same four codecs, seeds
+0-1, 56 runs) it made no measurable difference (steps to ban -0.6 [-1.8, +0.7], message FPR +0.02 [-0.01, +0.05]
+points). Only where the codec drops entries, not on the first stage (token ids) nor the last stage's gradients (none
+received). Closed loop on the same sweep (56 runs): attackers never banned 10 of 112 -> 4 (the four under top-k 1% with
+a bias), steps to ban -2.4 [-3.8, -1.0], message FPR +0.05 [+0.03, +0.08] points, 0 false bans (README, `carry`).
 
     match        max_i log[(1 - cos(y_i, r_i)) / (1 - max_j cos(y_i, r_j))]   (both centred; j != i over the tokens
                  that received a typical magnitude; each 1 - cos floored at MATCH_FLOOR; i and j over the sampled
