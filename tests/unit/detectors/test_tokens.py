@@ -470,37 +470,41 @@ def test_match_is_judged_no_finer_than_one_percent():
     assert st.fences.resolution[st.names.index("match")] == MATCH_RESOLUTION
 
 
-def test_retain_is_judged_on_gradients_only_and_not_where_a_codec_drops_entries_or_projects_tokens():
-    """retain is a gradient statistic by default (`activation_skip`), judged no finer than RETAIN_RESOLUTION; a codec
-    that drops entries (top-k, random masks: `DetectorEnv.zeroed_roles`) makes a token's share the overlap of two masks,
-    one that projects tokens (subspace: `DetectorEnv.projected_roles`) the update seen through a subspace, so such a
-    role does not judge it."""
+def first_streams(zeroed=frozenset(), projected=frozenset()):
+    """(activation, gradient) streams of a default SENTINEL that saw one message each way across boundary 1, with
+    the codec facts `zeroed` and `projected` (`DetectorEnv.zeroed_roles`, `projected_roles`)."""
     from sentinel.detectors.base import DetectorEnv
     from sentinel.detectors.stagewise import Sentinel
-    from sentinel.detectors.tokens import RETAIN_RESOLUTION
     from sentinel.transport.message import Message, Role
     from sentinel.transport.relay import SenderInputs
 
     g = torch.Generator().manual_seed(0)
     x_in, g_in = torch.randn(2, 8, 16, generator=g), torch.randn(2, 8, 16, generator=g)
+    env = DetectorEnv(
+        sender_inputs=lambda msg: SenderInputs((0, 0, 1, int(msg.role)), x_in, g_in),
+        zeroed_roles=zeroed,
+        projected_roles=projected,
+    )
+    det = Sentinel(Sentinel.Config(), env=env)
+    det.observe(Message(0, 0, 1, Role.ACTIVATION, "s1r0", "s2r0", x_in + 0.1 * torch.randn_like(x_in)))
+    det.observe(Message(0, 0, 1, Role.GRADIENT, "s2r0", "s1r0", g_in + 0.1 * torch.randn_like(g_in)))
+    return det._streams[(1, int(Role.ACTIVATION))], det._streams[(1, int(Role.GRADIENT))]
 
-    def streams(zeroed, projected=frozenset()):
-        env = DetectorEnv(
-            sender_inputs=lambda msg: SenderInputs((0, 0, 1, int(msg.role)), x_in, g_in),
-            zeroed_roles=zeroed,
-            projected_roles=projected,
-        )
-        det = Sentinel(Sentinel.Config(), env=env)
-        det.observe(Message(0, 0, 1, Role.ACTIVATION, "s1r0", "s2r0", x_in + 0.1 * torch.randn_like(x_in)))
-        det.observe(Message(0, 0, 1, Role.GRADIENT, "s2r0", "s1r0", g_in + 0.1 * torch.randn_like(g_in)))
-        return det._streams[(1, int(Role.ACTIVATION))], det._streams[(1, int(Role.GRADIENT))]
 
-    act, grad = streams(frozenset())
+def test_retain_is_judged_on_gradients_only_and_not_where_a_codec_drops_entries_or_projects_tokens():
+    """retain is a gradient statistic by default (`activation_skip`), judged no finer than RETAIN_RESOLUTION; a codec
+    that drops entries (top-k, random masks: `DetectorEnv.zeroed_roles`) makes a token's share the overlap of two masks,
+    one that projects tokens (subspace: `DetectorEnv.projected_roles`) the update seen through a subspace, so such a
+    role does not judge it."""
+    from sentinel.detectors.tokens import RETAIN_RESOLUTION
+    from sentinel.transport.message import Role
+
+    act, grad = first_streams(frozenset())
     assert "retain" not in act.names and "align_tail" in act.names
     assert grad.fences.resolution[grad.names.index("retain")] == RETAIN_RESOLUTION
-    _, masked = streams(frozenset({Role.GRADIENT}))
+    _, masked = first_streams(frozenset({Role.GRADIENT}))
     assert "retain" not in masked.names and "align_tail" in masked.names
-    _, projected = streams(frozenset(), frozenset({Role.GRADIENT}))
+    _, projected = first_streams(frozenset(), frozenset({Role.GRADIENT}))
     assert "retain" not in projected.names and "align_tail" in projected.names
 
 
@@ -548,28 +552,11 @@ def test_carry_is_judged_on_gradients_only_and_only_where_a_codec_drops_entries(
     """carry relates a whole message to its sender's input over the entries both kept: judged on gradient streams
     whose codec drops entries (`DetectorEnv.zeroed_roles`), at CARRY_RESOLUTION; not on dense or projected traffic
     (retain and align relate whole tokens there), nor on activations (`activation_skip`)."""
-    from sentinel.detectors.base import DetectorEnv
-    from sentinel.detectors.stagewise import Sentinel
     from sentinel.detectors.tokens import CARRY_RESOLUTION
-    from sentinel.transport.message import Message, Role
-    from sentinel.transport.relay import SenderInputs
+    from sentinel.transport.message import Role
 
-    g = torch.Generator().manual_seed(0)
-    x_in, g_in = torch.randn(2, 8, 16, generator=g), torch.randn(2, 8, 16, generator=g)
-
-    def streams(zeroed, projected=frozenset()):
-        env = DetectorEnv(
-            sender_inputs=lambda msg: SenderInputs((0, 0, 1, int(msg.role)), x_in, g_in),
-            zeroed_roles=zeroed,
-            projected_roles=projected,
-        )
-        det = Sentinel(Sentinel.Config(), env=env)
-        det.observe(Message(0, 0, 1, Role.ACTIVATION, "s1r0", "s2r0", x_in + 0.1 * torch.randn_like(x_in)))
-        det.observe(Message(0, 0, 1, Role.GRADIENT, "s2r0", "s1r0", g_in + 0.1 * torch.randn_like(g_in)))
-        return det._streams[(1, int(Role.ACTIVATION))], det._streams[(1, int(Role.GRADIENT))]
-
-    act, grad = streams(frozenset({Role.ACTIVATION, Role.GRADIENT}))
+    act, grad = first_streams(frozenset({Role.ACTIVATION, Role.GRADIENT}))
     assert "carry" in grad.names and "carry" not in act.names
     assert grad.fences.resolution[grad.names.index("carry")] == CARRY_RESOLUTION
     for zeroed, projected in ((frozenset(), frozenset()), (frozenset(), frozenset({Role.GRADIENT}))):
-        assert "carry" not in streams(zeroed, projected)[1].names
+        assert "carry" not in first_streams(zeroed, projected)[1].names
