@@ -229,14 +229,15 @@ def roc_md(roc: dict) -> list[str]:
     lines = [
         f"## Thresholds (ROC from this {roc['mode']} run)",
         "",
-        "| statistic | AUROC | average precision | tampered | clean |",
-        "|---|---|---|---|---|",
+        "| statistic | AUROC | AUROC within streams | average precision | tampered | clean |",
+        "|---|---|---|---|---|---|",
     ]
     rows = dict(roc["statistics"])
     if roc.get("rule"):
         rows = {f"**rule: {roc['rule']['statistic']} > {roc['rule']['threshold_key']}**": roc["rule"], **rows}
     lines += [
-        f"| {k} | {_f(v['auroc'], '.3f')} | {_f(v['average_precision'], '.3f')} | {v['positives']} | {v['negatives']} |"
+        f"| {k} | {_f(v['auroc'], '.3f')} | {_f(v.get('auroc_within_streams'), '.3f')} "
+        f"| {_f(v['average_precision'], '.3f')} | {v['positives']} | {v['negatives']} |"
         for k, v in rows.items()
     ]
     paused = roc.get("paused") or {}

@@ -11,7 +11,8 @@ Two views of a run's verdicts:
 
 - **per statistic**: every continuous score the detector logged (`score_<name>` columns, markers such
   as `paused` or `integrity` excluded), over the messages where it is finite. Its AUROC says how well
-  that statistic alone separates tampered from clean traffic, at any threshold.
+  that statistic alone separates tampered from clean traffic, at any threshold; `auroc_within_streams`
+  compares only messages of the same stream (boundary and direction), as a per-stream fence does.
 - **the rule** (`rule`): the detector's own decision as a function of its threshold. A detector that
   declares `threshold_rule(config)` (SENTINEL: flag <=> `exceedance` > `k`) gets its logged statistic
   turned into a decision score: +inf for a message flagged whatever the threshold (NaN / Inf payloads,
@@ -68,6 +69,23 @@ def auroc(pos: np.ndarray, neg: np.ndarray) -> float | None:
         return None
     labels, ranks, _ = _ranked(pos, neg)
     return float(roc_auc_score(labels, ranks))
+
+
+def auroc_within(scores: np.ndarray, positive: np.ndarray, negative: np.ndarray, stream: np.ndarray) -> float | None:
+    """P(a random tampered message scores above a random clean message *of the same stream*), ties 1/2: the pairs of
+    every stream (a boundary and direction) that has both, pooled (each stream's Mann-Whitney U over the sum of its
+    pairs). The pooled AUROC also compares messages across streams, whose statistics live on different scales: an
+    attacked stream whose honest messages sit high anyway makes a statistic look separating where, within the stream,
+    it is not (bias on activations under top-k 1%: `l1` 0.90 pooled, ~0.5 within the attacked streams)."""
+    won = pairs = 0.0
+    for key in np.unique(stream[positive | negative]):
+        here = stream == key
+        pos, neg = scores[positive & here], scores[negative & here]
+        a = auroc(pos, neg)
+        if a is not None:
+            won += a * len(pos) * len(neg)
+            pairs += len(pos) * len(neg)
+    return float(won / pairs) if pairs else None
 
 
 def curves(pos: np.ndarray, neg: np.ndarray) -> dict[str, np.ndarray]:
@@ -188,6 +206,7 @@ def roc_report(log: EventLog, rule: dict | None, target_fpr: float, mode: str, c
     paused = _paused(v)
     keep = ~c["contaminated"] & ~paused
     pos_mask, neg_mask = keep & c["tampered"], keep & ~c["tampered"]
+    stream = c["boundary"].astype(np.int64) * 4 + c["role"].astype(np.int64)  # one key per (boundary, direction)
     out: dict = {
         "mode": mode,
         "paused": {
@@ -205,6 +224,7 @@ def roc_report(log: EventLog, rule: dict | None, target_fpr: float, mode: str, c
         pos, neg = s[pos_mask & ok], s[neg_mask & ok]
         out["statistics"][name] = {
             "auroc": auroc(pos, neg),
+            "auroc_within_streams": auroc_within(s, pos_mask & ok, neg_mask & ok, stream),
             "average_precision": average_precision(pos, neg),
             "positives": int(len(pos)),
             "negatives": int(len(neg)),
@@ -227,6 +247,7 @@ def roc_report(log: EventLog, rule: dict | None, target_fpr: float, mode: str, c
             "configured": rule["value"],
             "exact_from": rule.get("exact_from"),
             "auroc": auroc(pos, neg),
+            "auroc_within_streams": auroc_within(s, pos_mask, neg_mask, stream),
             "average_precision": average_precision(pos, neg),
             "positives": int(len(pos)),
             "negatives": int(len(neg)),

@@ -90,6 +90,24 @@ def test_rule_scores_reproduce_the_run_and_handle_markers():
     assert roc["statistics"]["e"]["positives"] == 2 and roc["statistics"]["e"]["negatives"] == 4
 
 
+def test_auroc_within_streams_compares_messages_of_the_same_stream_only():
+    """A stream whose clean messages sit low on a statistic makes it look separating when streams are pooled:
+    `auroc_within_streams` pairs a tampered message with the clean messages of its own boundary and direction."""
+    log = EventLog()
+    rows = [(0, False, 1.0), (0, False, 2.0), (0, True, 1.5), (0, True, 2.0), (1, False, -5.0), (1, False, -6.0)]
+    for i, (boundary, tampered, e) in enumerate(rows):
+        m = Message(5, i, boundary, A, f"s{boundary}r0", "x", torch.zeros(1), msg_id=i)
+        log.log_message(m)
+        if tampered:
+            log.log_tamper(m, "bias", 1.0)
+        log.log_verdict(i, Verdict({"e": e}, False))
+    e = roc_report(log, None, 0.01, "open_loop")["statistics"]["e"]
+    assert e["auroc"] == pytest.approx(6.5 / 8)  # 1.5 beats 1, -5, -6; 2 beats 1, -5, -6 and ties 2
+    assert e["auroc_within_streams"] == pytest.approx(2.5 / 4)  # boundary 0 only: boundary 1 has no tampered one
+    rule = roc_report(log, {**RULE, "statistic": "e", "warmup_steps": 0}, 0.01, "open_loop")["rule"]
+    assert rule["auroc_within_streams"] == pytest.approx(2.5 / 4) and rule["auroc"] == pytest.approx(6.5 / 8)
+
+
 def test_empty_logs_give_nothing_and_one_class_gives_no_auroc():
     assert roc_report(EventLog(), RULE, 0.01, "open_loop") == {}
     log = _log([(5, "a", False, {"e": 1.0}, False)])
