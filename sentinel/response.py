@@ -264,8 +264,10 @@ class Responder:
             if verdict.judged and msg.sender not in self.banned:  # paused: evidence for or against nobody
                 self._record(msg, verdict)
         if self.evidence is not None:  # every peer's evidence of the step is in: the guard does not depend on order
-            stages = {stage for _, stage, _, _ in self._pending}
-            self.evidence.weigh_step(self._pending, {s: self.mesh.live_in_stage(s) for s in stages})
+            # the sending stage of each shifted stream: activations cross boundary `stage`, gradients `stage - 1`
+            shifts = {(b if r == int(Role.ACTIVATION) else b + 1, r) for b, r in self._drift}
+            stages = {stage for _, stage, _, _ in self._pending} | {stage for stage, _ in shifts}
+            self.evidence.weigh_step(self._pending, {s: self.mesh.live_in_stage(s) for s in stages}, shifts)
             self._pending = []
             deferred, self._deferred = self._deferred, set()
             for worker, stream in [*sorted(deferred), *(k for k in self.evidence.due() if k not in deferred)]:

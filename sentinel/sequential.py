@@ -113,14 +113,30 @@ the guards. On a uniform honest stream of 100,000 messages the statistic peaked 
   each other's bans: under an honest majority an attacker has at most f - 1 colluders, fewer than the peers needed
   (a peer at the threshold itself does not count either). With any one peer enough, co-attackers on a 16 x 11 mesh
   (30% malicious) held each other: median steps to ban 2.08 -> 2.58 over six runs. A peer also rises by a message
-  the detector would flag at its default level, p < FLAGGED_P (1e-3), in the step (as sent): on byte-level text with
+  the detector would flag at its default level, p < FLAGGED_P (1e-3), in the step or the DRIFT_HORIZON - 1 before
+  (as sent; a sender's anomalous message counts towards the detector's consensus that long): on byte-level text with
   one layer a stage (`compression/honest_codecs.yaml`, no codec, seed 0) stage 2's gradients sent two messages at
   p ~ 1e-7 on one replica in steps 40-41, which banned it, while in step 41 a peer sent one at 6e-4 and the other
   two peers followed at 2e-3 to 1e-4 over steps 42-43; the peer's statistic had not moved, its message floored by
   the peers' tail that the first replica's own messages had just set. At p < 0.01 an honest peer's ordinary message
-  (2.7e-3) held a token-copying attacker on the paper mesh's text for a step (issue-18 note, stop 44);
+  (2.7e-3) held a token-copying attacker on the paper mesh's text for a step (issue-18 note, stop 44). The wave can
+  pass a peer before it reaches the worker: on held-out BPE-2048 Markdown and reStructuredText (12 layers, a 6 x 4
+  mesh, seed 183) a stage's gradients sent five messages at p ~ 2e-5 to 3e-4 on one replica over steps 43-48, a peer
+  one at 4e-6 at step 47 (floored by the first replica's rate: its statistic did not move), the first replica one
+  more at 2e-6 at step 49, which banned it, and the detector recognised the shift at step 50. Counted over this step
+  only, no peer had risen at 49. Replayed over the recorded p-values of 28 attacked runs' 382 attackers (stop 48),
+  21 were banned a step later, none later than that;
 - drift: a step in which the detector recognised a stage-wide shift in a stream (a verdict marked SHIFT: the
-  honest majority of the sending stage anomalous together) adds nothing to that stream's senders;
+  honest majority of the sending stage anomalous together) adds nothing to that stream's senders, their statistics
+  in that direction settle (at most GUARD_SHARE of the threshold: what they gathered lately was the drift's onset),
+  and the stage counts as drifting for the next DRIFT_HORIZON steps (the strict cap per message, less the common
+  level). On held-out text (HTML bytes, 12 layers, a 6 x 4 mesh, seed 161) a stage's activations drifted over steps
+  84-93: random routing gave one replica 11 of the stage's 24 messages in steps 86-91, two of them at p ~ 1e-5 and
+  three at 2e-3 to 5e-5, while its peers sent a few at 1e-2 to 4e-4; the detector recognised the shift at step 90,
+  and at step 91 one more message at 6e-6 banned the replica (its peers' statistics at 0, 0 and 0.23, so the guard
+  let it through). The consensus needs an honest majority anomalous together, which no malicious minority can
+  produce in its own stream (`streams.Stream.stage_shift`), so an attacker's evidence settles only where its honest
+  peers drift as well;
 - contamination: once a message of a microbatch looked anomalous (p < 0.01) in a step, the later messages
   of that microbatch (downstream activations, every gradient) carry its corruption through no fault of
   their senders: only their `relation_pvalue` (how a sender's output relates to the input it received,
@@ -152,7 +168,7 @@ PEER_HORIZON = 30  # steps over which a message's peers' rate of messages as far
 OWN_HORIZON = 10  # ... and the worker's own rate (its current one: an attacker's honest past does not dilute it)
 PEER_EVENTS = 2  # ... counted for a peer that sent at least this many (one far-out message is not yet a rate)
 ANOMALOUS = 0.01  # a message with p below this taints the rest of its microbatch's path (this step)
-FLAGGED_P = 1e-3  # a peer that sent a message this far out in the step rises (`rising`): the default flag level
+FLAGGED_P = 1e-3  # a peer that sent a message this far out lately rises (`rising`): the default flag level
 
 
 def log_evalue(p: float) -> float:
@@ -186,6 +202,7 @@ class SequentialEvidence:
         self._history: collections.deque = collections.deque(maxlen=DRIFT_HORIZON)  # per step: (stage, stream) ->
         # worker -> its messages' log e-values (capped), for the stage's common level (`weigh_step`)
         self._sent: collections.deque = collections.deque(maxlen=PEER_HORIZON)  # the same with the p-values
+        self._shifts: collections.deque = collections.deque(maxlen=DRIFT_HORIZON)  # per step: shifted (stage, stream)
         self.level: dict[tuple[str, int], float] = {}  # (worker, stream) -> its CUSUM statistic S (nats)
         self.peak: dict[tuple[str, int], float] = {}  # the highest S of this step (its level at the start included)
         self._gain: dict[tuple[str, int], float] = {}  # positive evidence added this step (at most `step_cap`)
@@ -210,8 +227,16 @@ class SequentialEvidence:
         self.peak[key] = max(self.peak[key], s)
         return s
 
-    def weigh_step(self, messages: Iterable[tuple[str, int, int, float]], live: Mapping[int, Iterable[str]]) -> None:
+    def weigh_step(
+        self,
+        messages: Iterable[tuple[str, int, int, float]],
+        live: Mapping[int, Iterable[str]],
+        shifts: Iterable[tuple[int, int]] = (),
+    ) -> None:
         """`update` with one step's messages, (worker, stage, stream, p) in order, less each stream's common level.
+        `shifts`: the (stage, stream) pairs in which the detector recognised a stage-wide shift this step (their
+        messages are not among `messages`): their live replicas' statistics settle, and they drift for DRIFT_HORIZON
+        steps (the module docstring's "drift").
 
         A stage's common level in a stream is the highest c such that a strict majority of its live replicas (`live`:
         stage -> workers) averaged at least UNIFORM + c nats per message (capped) over the last DRIFT_HORIZON steps: how
@@ -228,6 +253,10 @@ class SequentialEvidence:
         together) counts for nobody. An anomalous message's p-value is first raised to its peers' recent rate of
         messages as far out (`_peer_rate`, the module docstring's "peers' tail")."""
         messages = list(messages)
+        self._shifts.append(set(shifts))
+        for stage, stream in self._shifts[-1]:
+            self.settle(list(live.get(stage, ())), stream)
+        shifted = set().union(*self._shifts)  # recognised shifts of the horizon
         now: dict[tuple[int, int], dict[str, list[float]]] = {}
         sent: dict[tuple[int, int], dict[str, list[float]]] = {}
         for worker, stage, stream, p in messages:
@@ -254,9 +283,13 @@ class SequentialEvidence:
                 # ... and what the majority's messages show beyond a uniform p's noise (one standard error each)
                 low = sorted((sum(v) / len(v) - SPREAD / math.sqrt(len(v)) for v in recent.values()), reverse=True)
                 tails = sum(max(v) >= self._tail for v in recent.values())  # replicas with a message at p <= TAIL_P
-                if tails < need and (
-                    low[need - 1] <= UNIFORM
-                    or statistics.median(x for v in recent.values() for x in v) <= UNIFORM_MEDIAN
+                if (
+                    (stage, stream) not in shifted
+                    and tails < need
+                    and (
+                        low[need - 1] <= UNIFORM
+                        or statistics.median(x for v in recent.values() for x in v) <= UNIFORM_MEDIAN
+                    )
                 ):
                     quiet.add((stage, stream))
         for worker, stage, stream, p in messages:
@@ -321,11 +354,14 @@ class SequentialEvidence:
         at it is judged itself: two attackers that reach it together do not hold each other's ban), are at most one
         replica short of `quorum` (the consensus's, `streams.shift_quorum`), and at least one peer rose. A peer rose
         when its statistic stood at DEFER_SHARE of the threshold or above, or when it sent a message at p < FLAGGED_P
-        this step (`weigh_step`'s p-values as sent)."""
-        # this step's p-values as sent: before the peers' tail floor, which a wave's leader sets for the peers it
-        # reaches next
-        sent = self._sent[-1] if self._sent else {}
-        now = {w: ps for (_, k), by in sent.items() if k == stream for w, ps in by.items()}
+        over the last DRIFT_HORIZON steps, this one included (`weigh_step`'s p-values as sent)."""
+        # the p-values as sent: before the peers' tail floor, which a wave's leader sets for the peers it reaches next
+        now: dict[str, list[float]] = {}
+        for sent in itertools.islice(self._sent, max(0, len(self._sent) - DRIFT_HORIZON), None):
+            for (_, k), by in sent.items():
+                if k == stream:
+                    for w, ps in by.items():
+                        now.setdefault(w, []).extend(ps)
 
         def rose(peer: str) -> bool:
             top = self._top((peer, stream))

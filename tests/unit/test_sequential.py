@@ -346,6 +346,32 @@ def test_no_evidence_from_a_stream_in_a_stage_wide_shift():
     assert r.evidence.level.get(("s1r0", 0), 0.0) == 0.0 and _bans(mesh) == []
 
 
+def test_a_recognised_shift_settles_its_stream_and_the_stage_drifts_after_it():
+    """Once the detector recognises a stage-wide shift in a stream, what its senders gathered lately was the drift's
+    onset (settled to half the threshold), and for DRIFT_HORIZON steps the stage drifts: a message adds at most the
+    strict cap. On held-out HTML bytes (12 layers, 6 x 4, seed 161) random routing gave one replica most of a drifting
+    stage's messages, the shift was recognised at step 90, and one more far-out message banned the replica at 91."""
+    from sentinel.detectors.base import Marker
+
+    def run(shift: bool) -> Responder:
+        r, _ = _responder()
+        calm = Verdict({}, False, pvalue=0.5)
+        marked = Verdict({}, False, frozenset({Marker.SHIFT}), pvalue=0.5)
+        for s, p in enumerate([1e-6, 1e-3, None, 1e-6]):
+            recs = [(_msg(s, 0, 1, "s1r0"), Verdict({}, False, pvalue=p))] if p is not None else []
+            peer = marked if shift and s == 2 else calm
+            recs += [(_msg(s, 1, 1, "s1r1"), peer), (_msg(s, 2, 1, "s1r2"), calm)]
+            r.end_step(s, recs)
+            if s == 2:
+                level = r.evidence.level["s1r0", 0]
+                assert level <= r.evidence.threshold / 2 if shift else level > r.evidence.threshold / 2
+        return r
+
+    assert run(shift=False).banned == {"s1r0": 3}  # a quiet stage: one more far-out message bans
+    r = run(shift=True)
+    assert r.banned == {} and r.evidence.level["s1r0", 0] <= r.evidence.threshold * (1 / 2 + 1 / 3)
+
+
 def test_contaminated_messages_count_only_their_relation_evidence():
     """Downstream of an anomalous message of the same microbatch, only the relation p-value counts."""
     r, mesh = _responder()
@@ -451,6 +477,29 @@ def test_a_peer_that_sends_a_flagged_message_as_the_worker_reaches_the_threshold
     assert _wave(shift_next=True, peer_p=6e-4).banned == {}
     assert _wave(shift_next=False, peer_p=6e-4).banned == {"s1r0": 2}
     assert _wave(shift_next=False, peer_p=2.7e-3).banned == {"s1r0": 1}
+
+
+@pytest.mark.parametrize("gap, deferred", [(0, True), (2, True), (4, True), (5, False)])
+def test_a_peer_that_sent_a_flagged_message_in_the_last_steps_rises(gap, deferred):
+    """The wave can pass a peer before it reaches the worker (held-out BPE Markdown, 12 layers, 6 x 4, seed 183: a
+    peer at p ~ 4e-6 two steps before the first replica's ban, the shift recognised a step after it). A peer's flagged
+    message counts as rising over the last DRIFT_HORIZON steps, as long as the detector's consensus counts it. `gap`:
+    steps between the peer's message and the step s1r0 reaches the threshold."""
+    from sentinel.sequential import DRIFT_HORIZON
+
+    assert DRIFT_HORIZON == 5
+    r, _ = _responder()
+    moderate, calm = Verdict({}, False, pvalue=1e-3), Verdict({}, False, pvalue=0.5)
+    reach = 7  # s1r0 sends three messages at 1e-3 from step reach - 1: the threshold at step `reach`
+    for s in range(reach + 2):
+        recs = [(_msg(s, m, 1, "s1r0"), moderate if s >= reach - 1 else calm) for m in range(3)]
+        recs += [(_msg(s, 3 + m, 1, "s1r1"), calm) for m in range(3)]
+        recs += [(_msg(s, 6, 1, "s1r1"), Verdict({}, False, pvalue=1e-5) if s == reach - gap else calm)]
+        recs += [(_msg(s, 7 + m, 1, "s1r2"), calm) for m in range(4)]
+        r.end_step(s, recs)
+        if s == reach - 1:  # the peer's own statistic has drained (it is the message that counts)
+            assert gap == 0 or r.evidence.level.get(("s1r1", 0), 0.0) < r.evidence.threshold / 4
+    assert r.banned == {"s1r0": reach + 1 if deferred else reach}
 
 
 def test_colluders_cannot_hold_a_ban():
