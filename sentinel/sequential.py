@@ -113,19 +113,12 @@ the guards. On a uniform honest stream of 100,000 messages the statistic peaked 
   each other's bans: under an honest majority an attacker has at most f - 1 colluders, fewer than the peers needed
   (a peer at the threshold itself does not count either). With any one peer enough, co-attackers on a 16 x 11 mesh
   (30% malicious) held each other: median steps to ban 2.08 -> 2.58 over six runs. A peer also rises by a message
-  the detector would flag at its default level, p < FLAGGED_P (1e-3), in the step or the DRIFT_HORIZON - 1 before
-  (as sent; a sender's anomalous message counts towards the detector's consensus that long): on byte-level text with
+  the detector would flag at its default level, p < FLAGGED_P (1e-3), in the step (as sent): on byte-level text with
   one layer a stage (`compression/honest_codecs.yaml`, no codec, seed 0) stage 2's gradients sent two messages at
   p ~ 1e-7 on one replica in steps 40-41, which banned it, while in step 41 a peer sent one at 6e-4 and the other
   two peers followed at 2e-3 to 1e-4 over steps 42-43; the peer's statistic had not moved, its message floored by
   the peers' tail that the first replica's own messages had just set. At p < 0.01 an honest peer's ordinary message
-  (2.7e-3) held a token-copying attacker on the paper mesh's text for a step (issue-18 note, stop 44). The wave can
-  pass a peer before it reaches the worker: on held-out BPE-2048 Markdown and reStructuredText (12 layers, a 6 x 4
-  mesh, seed 183) a stage's gradients sent five messages at p ~ 2e-5 to 3e-4 on one replica over steps 43-48, a peer
-  one at 4e-6 at step 47 (floored by the first replica's rate: its statistic did not move), the first replica one
-  more at 2e-6 at step 49, which banned it, and the detector recognised the shift at step 50. Counted over this step
-  only, no peer had risen at 49. Replayed over the recorded p-values of 28 attacked runs' 382 attackers (stop 48),
-  21 were banned a step later, none later than that;
+  (2.7e-3) held a token-copying attacker on the paper mesh's text for a step (issue-18 note, stop 44);
 - drift: a step in which the detector recognised a stage-wide shift in a stream (a verdict marked SHIFT: the
   honest majority of the sending stage anomalous together) adds nothing to that stream's senders, their statistics
   in that direction settle (at most GUARD_SHARE of the threshold: what they gathered lately was the drift's onset),
@@ -168,7 +161,7 @@ PEER_HORIZON = 30  # steps over which a message's peers' rate of messages as far
 OWN_HORIZON = 10  # ... and the worker's own rate (its current one: an attacker's honest past does not dilute it)
 PEER_EVENTS = 2  # ... counted for a peer that sent at least this many (one far-out message is not yet a rate)
 ANOMALOUS = 0.01  # a message with p below this taints the rest of its microbatch's path (this step)
-FLAGGED_P = 1e-3  # a peer that sent a message this far out lately rises (`rising`): the default flag level
+FLAGGED_P = 1e-3  # a peer that sent a message this far out in the step rises (`rising`): the default flag level
 
 
 def log_evalue(p: float) -> float:
@@ -354,14 +347,11 @@ class SequentialEvidence:
         at it is judged itself: two attackers that reach it together do not hold each other's ban), are at most one
         replica short of `quorum` (the consensus's, `streams.shift_quorum`), and at least one peer rose. A peer rose
         when its statistic stood at DEFER_SHARE of the threshold or above, or when it sent a message at p < FLAGGED_P
-        over the last DRIFT_HORIZON steps, this one included (`weigh_step`'s p-values as sent)."""
-        # the p-values as sent: before the peers' tail floor, which a wave's leader sets for the peers it reaches next
-        now: dict[str, list[float]] = {}
-        for sent in itertools.islice(self._sent, max(0, len(self._sent) - DRIFT_HORIZON), None):
-            for (_, k), by in sent.items():
-                if k == stream:
-                    for w, ps in by.items():
-                        now.setdefault(w, []).extend(ps)
+        this step (`weigh_step`'s p-values as sent)."""
+        # this step's p-values as sent: before the peers' tail floor, which a wave's leader sets for the peers it
+        # reaches next
+        sent = self._sent[-1] if self._sent else {}
+        now = {w: ps for (_, k), by in sent.items() if k == stream for w, ps in by.items()}
 
         def rose(peer: str) -> bool:
             top = self._top((peer, stream))

@@ -479,29 +479,6 @@ def test_a_peer_that_sends_a_flagged_message_as_the_worker_reaches_the_threshold
     assert _wave(shift_next=False, peer_p=2.7e-3).banned == {"s1r0": 1}
 
 
-@pytest.mark.parametrize("gap, deferred", [(0, True), (2, True), (4, True), (5, False)])
-def test_a_peer_that_sent_a_flagged_message_in_the_last_steps_rises(gap, deferred):
-    """The wave can pass a peer before it reaches the worker (held-out BPE Markdown, 12 layers, 6 x 4, seed 183: a
-    peer at p ~ 4e-6 two steps before the first replica's ban, the shift recognised a step after it). A peer's flagged
-    message counts as rising over the last DRIFT_HORIZON steps, as long as the detector's consensus counts it. `gap`:
-    steps between the peer's message and the step s1r0 reaches the threshold."""
-    from sentinel.sequential import DRIFT_HORIZON
-
-    assert DRIFT_HORIZON == 5
-    r, _ = _responder()
-    moderate, calm = Verdict({}, False, pvalue=1e-3), Verdict({}, False, pvalue=0.5)
-    reach = 7  # s1r0 sends three messages at 1e-3 from step reach - 1: the threshold at step `reach`
-    for s in range(reach + 2):
-        recs = [(_msg(s, m, 1, "s1r0"), moderate if s >= reach - 1 else calm) for m in range(3)]
-        recs += [(_msg(s, 3 + m, 1, "s1r1"), calm) for m in range(3)]
-        recs += [(_msg(s, 6, 1, "s1r1"), Verdict({}, False, pvalue=1e-5) if s == reach - gap else calm)]
-        recs += [(_msg(s, 7 + m, 1, "s1r2"), calm) for m in range(4)]
-        r.end_step(s, recs)
-        if s == reach - 1:  # the peer's own statistic has drained (it is the message that counts)
-            assert gap == 0 or r.evidence.level.get(("s1r1", 0), 0.0) < r.evidence.threshold / 4
-    assert r.banned == {"s1r0": reach + 1 if deferred else reach}
-
-
 def test_colluders_cannot_hold_a_ban():
     """The wait for the consensus needs the worker and its rising peers one replica short of the consensus's quorum
     (`streams.shift_quorum`: f + floor((R - f) / 2) + 1 of R replicas, f = floor((R - 1) / 2)). Under an honest
