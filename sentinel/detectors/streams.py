@@ -64,10 +64,9 @@ class Stream:
         self.outlier_at: dict[str, int] = {}  # sender -> step of its latest message above the learning level
         self.recent: dict[str, tuple[int, float]] = {}  # sender -> (step, statistic) of its latest message
         self.evidence: dict[str, collections.deque] = {}  # sender -> (step, evidence) of its recent messages
-        self.fed: collections.deque = (
-            collections.deque()
-        )  # (step, statistic, origin, sender) of recent messages, for the
-        # consensus: who sent each one's inputs (`SenderInputs.origin`)
+        # (step, statistic, origin, sender) of recent messages, for the consensus: who sent each one's inputs
+        # (`SenderInputs.origin`) and each sender's highest statistic of the horizon
+        self.fed: collections.deque = collections.deque()
 
     def setup(self, cfg, names: tuple[str, ...]) -> None:
         """Fix the stream's statistics: those of `cfg.distances` it can compute (`names`)."""
