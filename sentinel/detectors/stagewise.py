@@ -575,7 +575,7 @@ class Sentinel(Detector):
         stage = sender_stage(msg.boundary, msg.role)
         latest = e if math.isfinite(e) else math.inf
         st.recent[msg.sender] = (msg.step, latest)
-        st.remember(msg.step, msg.sender, latest, self._feeders(msg), self.config.consensus_horizon)
+        st.remember(msg.step, latest, self._feeders(msg), self.config.consensus_horizon)
         drift = k_learn / 2 if self.config.combine == "calibrated" else k_learn  # "part of a stage-wide drift" above
         live = self.env.live_replicas(stage) if self.env.live_replicas is not None else None
         shift = e > k_learn and st.stage_shift(msg.step, e, drift, live, self.config.consensus_horizon)

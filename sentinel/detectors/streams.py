@@ -64,9 +64,8 @@ class Stream:
         self.outlier_at: dict[str, int] = {}  # sender -> step of its latest message above the learning level
         self.recent: dict[str, tuple[int, float]] = {}  # sender -> (step, statistic) of its latest message
         self.evidence: dict[str, collections.deque] = {}  # sender -> (step, evidence) of its recent messages
-        # (step, statistic, origin, sender) of recent messages, for the consensus: who sent each one's inputs
-        # (`SenderInputs.origin`) and each sender's highest statistic of the horizon
-        self.fed: collections.deque = collections.deque()
+        self.fed: collections.deque = collections.deque()  # (step, statistic, origin) of recent messages, for the
+        # consensus: who sent each one's inputs (`SenderInputs.origin`)
 
     def setup(self, cfg, names: tuple[str, ...]) -> None:
         """Fix the stream's statistics: those of `cfg.distances` it can compute (`names`)."""
@@ -104,31 +103,23 @@ class Stream:
             return False
         return sum(got) / len(got) > UNIFORM_EVIDENCE * (1.0 + z / math.sqrt(len(got)))
 
-    def remember(self, step: int, sender: str, e: float, origin: tuple, horizon: int) -> None:
-        """Keep (step, statistic, who sent its inputs, its sender) of a message for `horizon` steps (the consensus reads
-        them)."""
+    def remember(self, step: int, e: float, origin: tuple, horizon: int) -> None:
+        """Keep (step, statistic, who sent its inputs) of a message for `horizon` steps (the consensus reads them)."""
         while self.fed and step - self.fed[0][0] >= horizon:
             self.fed.popleft()
         if horizon:
-            self.fed.append((step, e, origin, sender))
+            self.fed.append((step, e, origin))
 
     def stage_shift(self, step: int, e: float, level: float, live: list[str] | None, horizon: int) -> bool:
         """Honest-majority consensus: is this anomalous message part of a stage-wide shift?
 
         Let R be the live replicas of the sending stage (`live`; None: the senders seen) and f = floor((R - 1) / 2)
         the most of them an honest majority leaves malicious. If at least f + floor((R - f) / 2) + 1 distinct
-        senders sent a message above `level` within the last `horizon` steps, then more than half of the honest ones
-        did, whoever the malicious ones are: this is honest drift (a learning-rate change, a new data regime), not an
-        attack. The message is then treated as honest when it is no more anomalous than the (R - f)-th smallest of
-        the senders' highest statistics of the horizon; an outlier beyond it is not. A stage of one replica has no
-        peers to compare with: no consensus there (the paper's behaviour).
-
-        Each sender's highest statistic of the horizon, not its latest: honest drift reaches a stage's replicas one
-        after another, and random routing gives each a few messages a step, some ordinary. Counted by their latest
-        message, the replicas of a drifting stage were seldom anomalous together: on held-out text (HTML bytes and
-        BPE Markdown, 12 layers, 6 x 4 meshes) the consensus missed waves that flagged 30-40 honest messages in ten
-        steps, and the replica a wave reached first was banned a step or two before the shift was recognised (issue-18
-        note, stop 48: message FPR 1.26, 1.02% -> 0.39, 0.49% on two HTML seeds, both false bans gone).
+        senders were last (within `horizon` steps) above `level`, then more than half of the honest ones are,
+        whoever the malicious ones are: this is honest drift (a learning-rate change, a new data regime), not an
+        attack. The message is then treated as honest when it is no more anomalous than the (R - f)-th smallest
+        recent statistic; an outlier beyond it is not. A stage of one replica has no peers to compare with: no
+        consensus there (the paper's behaviour).
 
         Not drift either: anomalous messages that all descend from one upstream sender (`origin`: every anomalous
         message of the horizon, not only each sender's latest, received its input, or every one its gradient, from
@@ -141,18 +132,14 @@ class Stream:
         """
         if not horizon or not np.isfinite(e):
             return False
-        top: dict[str, float] = {}  # sender -> its highest statistic of the horizon
-        for s, v, _, w in self.fed:
-            if step - s < horizon:
-                top[w] = max(v, top.get(w, -math.inf))
-        vals = sorted(top.values())
+        vals = sorted(v for s, v in self.recent.values() if step - s < horizon)
         R = max(len(live if live is not None else self.recent), len(vals))
         if R < 2:
             return False
         need = shift_quorum(R)
         if sum(v > level for v in vals) < need:
             return False
-        origins = [o for s, v, o, _ in self.fed if v > level and step - s < horizon]  # every anomalous one
+        origins = [o for s, v, o in self.fed if v > level and step - s < horizon]  # every anomalous one, not the latest
         for k in range(2):  # who sent the input; who sent the gradient
             got = {o[k] if len(o) > k else None for o in origins}
             if len(got) == 1 and None not in got:
