@@ -105,12 +105,23 @@ def test_toploc_audits_catch_a_sign_flip_as_certain_evidence():
 
 @pytest.mark.slow
 def test_river_drift_detectors_run_on_sentinels_statistics():
+    """ADWIN flags each attacker once its own sequence of statistics changes. river's ADWIN needs a long history
+    before it can cut its window (a jump from 0 to 1 after 12 values was never signalled; after 50, 21 values later),
+    so the attack starts after 40 steps (~50 messages a sender). It used to start at step 10 of 24: the one flag the
+    test saw came from an honest replica at step 23, and a change to the consensus took even that away (stop 48)."""
     pytest.importorskip("river")
     engine, malicious = run(
-        "detector.name=river_adwin", "adversary.attacks=[{name: random, role: activation, start: 10}]"
+        "training.steps=70",
+        "detector.name=river_adwin",
+        "adversary.attacks=[{name: random, role: activation, start: 40}]",
     )
-    v = engine.log.verdicts
-    assert "score_drifts" in v.names and v["flagged"].sum() > 0
+    v, m = engine.log.verdicts.as_arrays(), engine.log.messages.as_arrays()
+    row = {int(i): j for j, i in enumerate(m["id"])}
+    flagged = {
+        (engine.log.workers[m["sender"][row[int(i)]]], int(m["step"][row[int(i)]])) for i in v["msg"][v["flagged"]]
+    }
+    assert "score_drifts" in v
+    assert all(any(w == bad and step >= 40 for w, step in flagged) for bad in malicious)
 
 
 def test_a_missing_river_is_a_located_error_with_the_install_command(monkeypatch):
