@@ -75,6 +75,7 @@ from scipy.special import ndtr
 from scipy.stats import binom, hypergeom
 
 from sentinel.detectors.base import Marker, Verdict
+from sentinel.detectors.stagewise import sender_stage
 from sentinel.detectors.streams import shift_quorum
 from sentinel.engine.workers import MeshControl
 from sentinel.sequential import ANOMALOUS, SequentialEvidence
@@ -264,8 +265,7 @@ class Responder:
             if verdict.judged and msg.sender not in self.banned:  # paused: evidence for or against nobody
                 self._record(msg, verdict)
         if self.evidence is not None:  # every peer's evidence of the step is in: the guard does not depend on order
-            # the sending stage of each shifted stream: activations cross boundary `stage`, gradients `stage - 1`
-            shifts = {(b if r == int(Role.ACTIVATION) else b + 1, r) for b, r in self._drift}
+            shifts = {(sender_stage(b, r), r) for b, r in self._drift}  # (sending stage, direction) of each shift
             stages = {stage for _, stage, _, _ in self._pending} | {stage for stage, _ in shifts}
             self.evidence.weigh_step(self._pending, {s: self.mesh.live_in_stage(s) for s in stages}, shifts)
             self._pending = []
