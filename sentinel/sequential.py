@@ -75,8 +75,13 @@ the guards. On a uniform honest stream of 100,000 messages the statistic peaked 
   they send such messages keeps a factor q (an attacker whose every message is as extreme as its honest peers' rare
   ones still gains). A single far-out message of a peer is not a rate: counted, one honest peer's message at p ~ 5e-7
   held a random-sign gradient attacker at p ~ 5e-6 (the paper table, seed 4) for seven steps. r is the m-th largest
-  of the peers' shares, m = max(1, peers // 2): while a strict majority of the stage is honest, at most m - 1 of an
-  attacker's peers attack too, so colluders cannot vouch for each other. Only anomalous messages: raised everywhere,
+  of the peers' shares, m = ceil(peers / 2): what at least half of the peers show, and while a strict majority of the
+  stage is honest at most f - 1 <= m - 1 of an attacker's peers attack too (f = floor((R - 1) / 2)), so colluders
+  cannot vouch for each other. Nor can one honest peer's burst speak for its stage: with m = max(1, peers // 2), one
+  peer of three (a 4-replica stage) set the rate, and on held-out HTML bytes (5 layers x 80 on a 5 x 4 mesh, seed
+  141) one honest replica's burst of gradient messages around step 20 floored an attacker's, at p ~ 1e-12 to 1e-27,
+  to p ~ 1e-2 for 17 steps, the same under five different gradient attacks (issue-18 note, stop 49; on 3- and
+  5-replica stages ceil(peers / 2) = max(1, peers // 2)). Only anomalous messages: raised everywhere,
   an ordinary message's drain moved with its peers' noise and a sparse attacker on held-out text took 1.5 steps
   longer on one seed. The cost: an attacker no more extreme than what its honest peers sent lately waits until that
   leaves the horizon (at most PEER_HORIZON steps); every figure of the paper table, the token class, the wrapped
@@ -297,8 +302,9 @@ class SequentialEvidence:
         """The p-value floor of `worker`'s message at `p` in `key` = (stage, stream): r min(1, r / own), where r is how
         often the worker's live peers sent a message at p or below over the last PEER_HORIZON steps (this one
         included), each peer's share of its own messages (0 for a peer with fewer than PEER_EVENTS of them), the m-th
-        largest of them with m = max(1, peers // 2): at most m - 1 of an attacker's peers are attackers too while a
-        strict majority of the stage is honest, so colluders cannot vouch for each other; own is the worker's own
+        largest of them with m = ceil(peers / 2), what at least half of the peers show: at most m - 1 of an attacker's
+        peers are attackers too while a strict majority of the stage is honest, so colluders cannot vouch for each
+        other, and one bursty peer of three is not its stage's rate; own is the worker's own
         share over the last OWN_HORIZON steps. "As far out" means at p or below, or at TAIL_P or below for a message
         beyond TAIL_P: the windows' tail is calibrated to about 1e-5, beyond which a p-value says far out, not how
         far. `cache` keeps each stage's sorted p-values for the rest of the step."""
@@ -309,7 +315,7 @@ class SequentialEvidence:
             }
         q = max(p, TAIL_P)
         peers = [w for w in ordered if w != worker]
-        m = max(1, len(peers) // 2)
+        m = max(1, (len(peers) + 1) // 2)
         counts = ((bisect.bisect_right(ordered[w], q), len(ordered[w])) for w in peers if ordered[w])
         shares = sorted((k / n if k >= PEER_EVENTS else 0.0 for k, n in counts), reverse=True)
         r = shares[m - 1] if len(shares) >= m else 0.0
