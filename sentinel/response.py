@@ -79,7 +79,7 @@ from sentinel.detectors.stagewise import sender_stage
 from sentinel.detectors.streams import shift_quorum
 from sentinel.engine.workers import MeshControl
 from sentinel.sequential import ANOMALOUS, SequentialEvidence
-from sentinel.transport.message import Message, Role
+from sentinel.transport.message import Message
 
 EXPLAINED = 0.05  # a flag whose sender the peer test singles out at this level is explained by it
 CERTAIN_FLOOR = 1e-6  # honest workers (practically) never send NaN, a wrong shape, or an exact replay
@@ -275,7 +275,7 @@ class Responder:
                     continue
                 peers = self._peers(worker)
                 if self.evidence.exceeds(worker, peers, stream):
-                    if (worker, stream) in deferred and self._shifted(worker, stream):
+                    if (worker, stream) in deferred and (self.mesh.stage_of(worker), stream) in shifts:
                         self.evidence.settle([worker, *peers], stream)  # the drift reached it first: not evidence
                     elif (worker, stream) not in deferred and self.evidence.rising(
                         peers, stream, shift_quorum(len(peers) + 1)
@@ -325,12 +325,6 @@ class Responder:
         if p is None or (msg.boundary, int(msg.role)) in self._drift:
             return
         self._pending.append((msg.sender, self.mesh.stage_of(msg.sender), int(msg.role), p))
-
-    def _shifted(self, worker: str, stream: int) -> bool:
-        """Whether the detector recognised a stage-wide shift this step in the stream the worker sends `stream` on
-        (its activations cross boundary `stage`, its gradients boundary `stage - 1`)."""
-        stage = self.mesh.stage_of(worker)
-        return (stage if stream == int(Role.ACTIVATION) else stage - 1, stream) in self._drift
 
     def _peers(self, worker: str) -> list[str]:
         return [w for w in self.mesh.live_in_stage(self.mesh.stage_of(worker)) if w != worker]
