@@ -1,6 +1,11 @@
 """Response policies: what the mesh does with a verdict (the `response` section of a scenario).
 
     on_flag: drop        the flagged microbatch is dropped from this step (deliver None)
+             drop_suspect  dropped only when its sender is already suspect: it sent a flagged message within
+                         the last `strike_window` steps, or its sequential evidence (`sequential.py`) stands at
+                         DEFER_SHARE of the threshold or above, as of the end of the previous step. A sender's
+                         first flag is delivered (it is a strike and evidence like any other); payloads no
+                         honest worker sends (`certain`: NaN, Inf, a replay) are always dropped
              substitute  the detector's stand-in is delivered: for SENTINEL, a flagged *gradient* is
                          replaced by its baseline (the EMA of accepted gradients of that stream, as in
                          the paper); an activation has no meaningful statistical stand-in (the
@@ -8,6 +13,19 @@
                          back to drop, as does anything the detector has no stand-in for yet.
                          Duplication-style detectors substitute their trusted recomputation (exact)
              accept      deliver anyway (strikes and bans still apply)
+
+Why `drop_suspect`: an honest flag marks a rare microbatch, and dropping it can cost more than delivering it. On
+held-out Perl source (GPT-2, 6 layers x 96, byte-level, a 4 x 4 mesh, seed 352) the honest traffic of steps 15-23
+was flagged as the model left its first training phase; one of those flags dropped an activation microbatch at step
+15, and that drop alone (forced in a run that drops nothing else) raised step 17's training loss from 3.65 to 4.22,
+where dropping any other of the step's microbatches moved it by < 0.01 (Adam's second moments had not seen what
+that microbatch carried). Under `drop` the spike drew more flags (the message FPR 2.1% against 1.0% delivering every
+flag), the windows learned its values, and attacks that began at step 20 were judged against those fattened tails:
+three activation tokens mixed with others took 23-37 steps to ban instead of 1-8. The price of delivering a first flag is one step of an
+attack that the detector saw: on the paper table with byte-level text (seeds 0-2) the attackers' first activations
+reach the later stages, and the defended runs end +0.026 [+0.015, +0.037] nats above `drop` (bias on activations:
+2.5 -> 11 steps to ban; one false ban, a contaminated replica). Neither policy dominates; `drop` stays the default
+(the README's "What a flag does" has the figures).
 
 Strikes and bans: evidence is weighed against the sender's peers, the other live replicas of its
 stage (the **peer test**). For a kind of strike counted over the last `strike_window` steps, with k_w
@@ -78,7 +96,7 @@ from sentinel.detectors.base import Marker, Verdict
 from sentinel.detectors.stagewise import sender_stage
 from sentinel.detectors.streams import shift_quorum
 from sentinel.engine.workers import MeshControl
-from sentinel.sequential import ANOMALOUS, SequentialEvidence
+from sentinel.sequential import ANOMALOUS, DEFER_SHARE, SequentialEvidence
 from sentinel.transport.message import Message
 
 EXPLAINED = 0.05  # a flag whose sender the peer test singles out at this level is explained by it
@@ -231,6 +249,10 @@ class Responder:
         self._drift: set[tuple[int, int]] = set()  # streams with a stage-wide shift this step (no evidence)
         self._pending: list[tuple[str, int, int, float]] = []  # this step's (sender, stage, stream, p) for the evidence
         self._deferred: set[tuple[str, int]] = set()  # (worker, stream) whose ban waits for this step's consensus
+        self._flagged_at: dict[str, int] = {}  # worker -> the last step it sent a flagged message
+        # `drop_suspect`: whose flagged messages are dropped, as of the end of the last step (`_suspect`); every
+        # verifier process holds the coordinator's (sentinel/distributed/channels.py: StepEnd)
+        self.suspects: frozenset[str] = frozenset()
 
     def deliver(
         self, msg: Message, verdict: Verdict | None, substitute: Callable[[Message], torch.Tensor | None] | None = None
@@ -242,6 +264,8 @@ class Responder:
             return None
         if self.config.on_flag == "accept" or not verdict.flagged:
             return msg.payload
+        if self.config.on_flag == "drop_suspect" and not verdict.certain and msg.sender not in self.suspects:
+            return msg.payload  # its sender's first flag: delivered (`drop_suspect`, module docstring)
         if self.config.on_flag == "substitute" and substitute is not None:
             return substitute(msg)  # None (= drop) where the detector has no stand-in
         return None
@@ -289,6 +313,22 @@ class Responder:
         if self.config.ban_pvalue < 1.0 and nxt % SCORE_EVERY == 0:
             self._score_tests(nxt)
         self._rejoin_due(nxt)
+        self._suspect(step, records)
+
+    def _suspect(self, step: int, records: list[tuple[Message, Verdict]]) -> None:
+        """`suspects` after `step`: live workers that sent a flagged message within the last `strike_window` steps
+        (this one included), or whose sequential statistic in either direction stands at DEFER_SHARE of the
+        threshold or above (evidence a ban may follow)."""
+        for msg, verdict in records:
+            if verdict.flagged:
+                self._flagged_at[msg.sender] = step
+        window = self.config.strike_window
+        recent = [w for w, s in self._flagged_at.items() if window is None or step - s < window]
+        rising = []
+        if self.evidence is not None:
+            floor = DEFER_SHARE * self.evidence.threshold
+            rising = [w for (w, _), s in self.evidence.level.items() if s >= floor]
+        self.suspects = frozenset(w for w in (*recent, *rising) if w not in self.banned)
 
     # -- bookkeeping -----------------------------------------------------------------------------
     def _record(self, msg: Message, verdict: Verdict) -> None:

@@ -223,7 +223,11 @@ class DetectorSpec(PluginSpec):
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class ResponseConfig:
-    on_flag: Literal["drop", "substitute", "accept"] = spec("drop")
+    on_flag: Literal["drop", "drop_suspect", "substitute", "accept"] = spec(
+        "drop",
+        help="what a flagged message's receiver gets: nothing (drop), nothing unless it is its sender's first flag "
+        "(drop_suspect), the detector's stand-in (substitute), or the message (accept); sentinel/response.py",
+    )
     ban_after: int = spec(1, ge=1, le=MAX_STEPS, help="strikes before a worker is banned")
     replace_banned: bool = spec(False, help="a banned worker is replaced by a fresh honest replica")
     strike_window: int | None = spec(

@@ -59,7 +59,11 @@ class StepEnd:
             if responder is not None:
                 responder.end_step(st.step, sorted(every, key=lambda r: _key(r[0])))
             events = mesh.drain() if mesh is not None else []
-        events = self._broadcast([dataclass_dict(e) for e in events])
+        suspects = sorted(getattr(responder, "suspects", ())) if rank == COORDINATOR else []
+        got = self._broadcast({"events": [dataclass_dict(e) for e in events], "suspects": suspects})
+        events = got["events"]
+        if responder is not None and rank != COORDINATOR:  # `on_flag: drop_suspect` reads them at every verifier
+            responder.suspects = frozenset(got["suspects"])
         losses = torch.tensor([sum(st.losses), len(st.losses)], dtype=torch.float64)
         dist.all_reduce(losses, group=self.group)  # (sum, count) of the last stage's losses, on every rank
         st.reported_loss = float(losses[0] / losses[1]) if losses[1] else float("nan")
@@ -75,7 +79,7 @@ class StepEnd:
         n = int(self.comm.recv((1,), torch.int64, src, what))
         return json.loads(self.comm.recv((n,), torch.uint8, src, what).numpy().tobytes().decode("utf-8"))
 
-    def _broadcast(self, data: list) -> list:
+    def _broadcast(self, data: dict) -> dict:
         raw = json.dumps(data).encode("utf-8") if self.comm.rank == COORDINATOR else b""
         n = torch.tensor([len(raw)], dtype=torch.int64)
         dist.broadcast(n, COORDINATOR, group=self.group)

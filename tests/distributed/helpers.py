@@ -35,6 +35,32 @@ ATTACKED = {
     "response": {"on_flag": "drop", "ban_after": 2, "replace_banned": True, "ban_pvalue": 1.0, "attribution": "sender"},
 }
 
+# `on_flag: drop_suspect`: the attacker's first flagged activation is delivered, its later ones dropped
+DROP_SUSPECT = {
+    **ATTACKED,
+    "name": "drop_suspect",
+    "adversary": {
+        "placement": "explicit",
+        "workers": ["s1r2"],
+        "attacks": [{"name": "scaling", "role": "activation", "alpha": -4.0, "start": 6}],
+    },
+    "response": {"on_flag": "drop_suspect"},
+}
+
+
+def delivered_flags(log) -> list[bool]:
+    """Per flagged activation of DROP_SUSPECT's attacker (crossing into the last stage), in order: whether it was
+    delivered (the last stage computed on it and sent a gradient back for its microbatch)."""
+    m, v = log.messages, log.verdicts
+    flagged = dict(zip(v["msg"].tolist(), v["flagged"].tolist()))
+    sent = set(zip(m["step"].tolist(), m["mb"].tolist(), m["boundary"].tolist(), m["role"].tolist()))
+    out = []
+    for i in np.argsort(m["id"], kind="stable"):
+        if flagged.get(int(m["id"][i])) and int(m["role"][i]) == 0 and log.workers[int(m["sender"][i])] == "s1r2":
+            out.append((int(m["step"][i]), int(m["mb"][i]), int(m["boundary"][i]), 1) in sent)
+    return out
+
+
 # Three stages, one replica each: the smallest mesh that runs on four processes.
 LINE = {
     "name": "line",

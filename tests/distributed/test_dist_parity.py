@@ -11,7 +11,16 @@ from sentinel.cli import main
 from sentinel.distributed.launch import launch
 from sentinel.distributed.runtime import Options
 from sentinel.eventlog import EventLog
-from tests.distributed.helpers import ATTACKED, QUICKSTART, SMALL, assert_same_log, sim_reference, write_scenario
+from tests.distributed.helpers import (
+    ATTACKED,
+    DROP_SUSPECT,
+    QUICKSTART,
+    SMALL,
+    assert_same_log,
+    delivered_flags,
+    sim_reference,
+    write_scenario,
+)
 
 pytestmark = pytest.mark.slow
 
@@ -131,8 +140,8 @@ def test_sparse_after_ban_bans_before_its_averaging_round(tmp_path):
 @pytest.mark.timeout(400)
 @pytest.mark.parametrize(
     "data,nproc",
-    [(EVERY_FEATURE, 7), (COMPRESSED, None), (SPARSE_AFTER_BAN, None)],
-    ids=["async_sparse_subspace", "dp_compression_mask", "sparse_after_ban"],
+    [(EVERY_FEATURE, 7), (COMPRESSED, None), (SPARSE_AFTER_BAN, None), (DROP_SUSPECT, None)],
+    ids=["async_sparse_subspace", "dp_compression_mask", "sparse_after_ban", "drop_suspect"],
 )
 def test_features_once_sim_only_match_sim(tmp_path, data, nproc):
     """Every engine feature runs on real processes with sim's numbers (nproc None: a verifier per boundary)."""
@@ -149,3 +158,6 @@ def test_features_once_sim_only_match_sim(tmp_path, data, nproc):
     sim = sim_reference(path, [], tmp_path / "sim")
     assert_same_log(EventLog.load(tmp_path / "dist"), sim)
     assert len(sim.ground_truth) > 0 and len(sim.verdicts) > 0  # not vacuous
+    if data is DROP_SUSPECT:  # the suspects every verifier rank reads come from the coordinator (StepEnd)
+        delivered = delivered_flags(sim)
+        assert delivered[0] and not all(delivered)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from sentinel.detectors.base import Verdict
+from sentinel.detectors.base import Marker, Verdict
 from sentinel.engine.workers import MeshControl, MeshEvent, WorkerTable
 from sentinel.response import Responder
 from sentinel.scenario import ResponseConfig
@@ -66,6 +66,42 @@ def test_drop_substitute_accept():
     assert r.deliver(msg(0, role=Role.ACTIVATION), FLAG, substitute) is None  # an activation falls back to drop
     r, _ = responder(on_flag="accept", ban_after=99)
     assert torch.equal(r.deliver(msg(0), FLAG, substitute), torch.ones(2, 2))
+
+
+def test_drop_suspect_delivers_a_senders_first_flag_and_drops_the_next():
+    r, mesh = responder(on_flag="drop_suspect", ban_after=99, strike_window=5)
+    first = step(r, mesh, 0, [(msg(0), FLAG), (msg(0, sender="s1r1", mb=1), OK)])
+    assert all(torch.equal(x, torch.ones(2, 2)) for x in first)  # nobody was suspect: the flag is delivered
+    assert r.suspects == {"s1r0"}
+    assert step(r, mesh, 1, [(msg(1), FLAG)]) == [None]  # flagged again within the window: dropped
+    assert torch.equal(r.deliver(msg(1, sender="s1r1"), FLAG, substitute), torch.ones(2, 2))  # a peer's first
+    for n in range(2, 6):
+        step(r, mesh, n, [(msg(n), OK)])
+    assert r.suspects == {"s1r0"}  # at the end of step 5 its flag of step 1 is 4 steps old: in the window
+    step(r, mesh, 6, [(msg(6), OK)])
+    assert r.suspects == set()  # 5 steps old: out
+    assert torch.equal(r.deliver(msg(7), FLAG, substitute), torch.ones(2, 2))
+    certain = Verdict({}, True, frozenset({Marker.INTEGRITY}))  # NaN, Inf, a replay: never delivered
+    assert r.deliver(msg(7, sender="s1r2"), certain, substitute) is None
+
+
+def test_drop_suspect_drops_the_first_flag_of_a_sender_with_sequential_evidence():
+    r, mesh = responder(on_flag="drop_suspect", ban_after=99)
+    risen = Verdict({}, False, pvalue=1e-4)  # unflagged, but evidence: about a quarter of the threshold
+    step(r, mesh, 0, [(msg(0), risen)])
+    level = r.evidence.level[("s1r0", int(Role.GRADIENT))]
+    assert level >= 0.25 * r.evidence.threshold and r.suspects == {"s1r0"}
+    assert r.deliver(msg(1), FLAG, substitute) is None
+
+
+def test_drop_suspect_in_the_engine_delivers_the_first_flagged_activation_only(tmp_path):
+    """The policy through the engine: the last stage computes on the attacker's first flagged activation (a gradient
+    comes back for its microbatch) and on none of its later ones."""
+    from tests.distributed.helpers import DROP_SUSPECT, delivered_flags, sim_reference, write_scenario
+
+    log = sim_reference(write_scenario(tmp_path, DROP_SUSPECT), [], tmp_path / "sim")
+    delivered = delivered_flags(log)
+    assert len(delivered) >= 3 and delivered[0] and not any(delivered[1:])
 
 
 def test_ban_after_n_strikes_takes_effect_from_the_next_step():
