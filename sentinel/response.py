@@ -15,18 +15,18 @@
              accept      deliver anyway (strikes and bans still apply)
 
 Why `drop_suspect`: an honest flag marks a rare microbatch, and dropping it can cost more than delivering it. On
-held-out Perl source (GPT-2, 6 layers x 96, byte-level, a 4 x 4 mesh, seed 352) the honest traffic of steps 15-23 was
-flagged as the model left its first training phase; one of those flags dropped an activation microbatch at step 15,
-and that drop alone (forced in a run that drops nothing else) raised step 17's training loss from 3.65 to 4.22, where
-dropping any other of the step's microbatches moved it by < 0.01 (Adam's second moments had not seen what that
-microbatch carried). Under `drop` the spike drew more flags (the message FPR 2.1% against 0.97% delivering every
-flag), the windows learned its values, and attacks that began at step 20 were judged against those fattened tails:
-three activation tokens mixed with others took 23-37 steps to ban instead of 1-8. The price of delivering a first
-flag is one step of an attack that the detector saw: on the paper table with byte-level text (seeds 0-2) the
-attackers' first activations reach the later stages, and the defended runs end +0.026 [+0.015, +0.037] nats above
-`drop` (bias on activations: 2.5 -> 11 steps to ban; an honest replica banned 40 steps after a constant attacker, in
-a run whose message FPR rose to 1.66%). Neither policy dominates; `drop` stays the default (the README's "What a flag
-does" has the figures).
+held-out Perl source (GPT-2, 6 layers x 96, byte-level, a 4 x 4 mesh, seed 352) the honest traffic of steps 15-23
+was flagged as the model left its first training phase; one of those flags dropped an activation microbatch at step
+15, and that drop alone (forced in a run that drops nothing else) raised step 17's training loss from 3.65 to 4.22,
+where dropping one of four other microbatches of steps 14-16 instead moved it by at most 0.004 (not traced further;
+likely Adam's second moments, which had not seen what that microbatch carried). Under `drop` the spike drew more
+flags (the message FPR 2.1% against 0.97% delivering every flag), the windows learned its values, and attacks that
+began at step 20 were judged against those fattened tails: three activation tokens mixed with others took 23-37
+steps to ban instead of 1-8. The price of delivering a first flag is one step of an attack that the detector saw: on
+the paper table with byte-level text (seeds 0-2) the attackers' first activations reach the later stages, and the
+defended runs end +0.026 [+0.015, +0.037] nats above `drop` (bias on activations: 2.5 -> 11 steps to ban; an honest
+replica banned 40 steps after a constant attacker, in a run whose message FPR rose to 1.66%). Neither policy
+dominates; `drop` stays the default (the README's "What a flag does" has the figures).
 
 Strikes and bans: evidence is weighed against the sender's peers, the other live replicas of its
 stage (the **peer test**). For a kind of strike counted over the last `strike_window` steps, with k_w
