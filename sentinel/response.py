@@ -102,6 +102,7 @@ from sentinel.transport.message import Message
 
 EXPLAINED = 0.05  # a flag whose sender the peer test singles out at this level is explained by it
 CERTAIN_FLOOR = 1e-6  # honest workers (practically) never send NaN, a wrong shape, or an exact replay
+DRIFTS = frozenset({Marker.SHIFT, Marker.DRIFT})  # the detector recognised a stage-wide drift in the stream
 SCORE_EVERY = 3  # steps between two rounds of score tests (their cost is per stream, not per message)
 MIN_SCORES = 8  # statistics a sender needs in a stream before its distribution is compared with its peers'
 
@@ -283,7 +284,7 @@ class Responder:
         self._routes, self._tainted = {}, set()
         records = list(records)
         # streams where the detector recognised a stage-wide shift this step (honest-majority drift)
-        self._drift = {(m.boundary, int(m.role)) for m, v in records if Marker.SHIFT in v.markers}
+        self._drift = {(m.boundary, int(m.role)) for m, v in records if not DRIFTS.isdisjoint(v.markers)}
         if self.evidence is not None:
             self.evidence.begin_step()
         for msg, verdict in records:

@@ -134,7 +134,11 @@ the guards. On a uniform honest stream of 100,000 messages the statistic peaked 
   and at step 91 one more message at 6e-6 banned the replica (its peers' statistics at 0, 0 and 0.23, so the guard
   let it through). The consensus needs an honest majority anomalous together, which no malicious minority can
   produce in its own stream (`streams.Stream.stage_shift`), so an attacker's evidence settles only where its honest
-  peers drift as well;
+  peers drift as well. The same holds for a drift in one statistic (a verdict marked DRIFT,
+  `streams.Stream.statistic_drift`: the majority beyond p = 1e-2 in that statistic, their combined evidence short of
+  the consensus's level): on held-out C-header bytes (the built-in model, 8 x 96, a 4 x 3 mesh, seed 463) a stage's
+  `match` rose on all three replicas over steps 20-24, the first one reached sent messages at p ~ 1e-8 and was
+  banned at step 22 while its peers' combined p-values stood at 4e-3 to 0.2 (issue-18 note, stop 51);
 - contamination: once a message of a microbatch looked anomalous (p < 0.01) in a step, the later messages
   of that microbatch (downstream activations, every gradient) carry its corruption through no fault of
   their senders: only their `relation_pvalue` (how a sender's output relates to the input it received,

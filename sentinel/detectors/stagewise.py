@@ -28,7 +28,9 @@ Per stream:
     consensus  honest-majority drift detection (`streams.Stream.stage_shift`): when more than half of the honest replicas
                of the sending stage are anomalous together, it is drift: a message no more anomalous than
                them is accepted and learned; not when those messages all received their input (or their gradient)
-               from one upstream worker (`SenderInputs.origin`): that is what that worker sent, not drift
+               from one upstream worker (`SenderInputs.origin`): that is what that worker sent, not drift; the same
+               one statistic at a time (`Stream.statistic_drift`, a statistic's own p < 1e-2 on the quorum) marks
+               an accepted message DRIFT, which only the sequential test reads (a stage-wide drift in its stream)
     replays    an exact repeat of a relayed tensor is flagged as certain (`replay.py`)
 Every rule reads "statistic > threshold" and the logged statistic (`evidence`, or `exceedance` for the fences)
 sweeps the rule's whole ROC from one open-loop run.
@@ -127,6 +129,7 @@ FLAG_MEMORY = 10  # steps: a sender's outliers teach the windows (capped) at mos
 LOO_SENDERS = 3  # a sender is judged against its peers' traffic alone from this many live replicas (`SenderWindows`)
 PEER_DRIFT_Z = 3.0  # ... while no peer's recent evidence exceeds uniform p-values' by this many standard errors
 MIN_EVIDENCE = 40  # accepted values a window needs before its p-values feed the sequential test (8 above Q80)
+DRIFT_EACH = 2.0  # a statistic's own evidence (-log10 p) beyond which a replica counts in a one-statistic consensus
 
 
 def sender_stage(boundary: int, role) -> int:
@@ -575,7 +578,11 @@ class Sentinel(Detector):
         stage = sender_stage(msg.boundary, msg.role)
         latest = e if math.isfinite(e) else math.inf
         st.recent[msg.sender] = (msg.step, latest)
-        st.remember(msg.step, latest, self._feeders(msg), self.config.consensus_horizon)
+        feeders, horizon = self._feeders(msg), self.config.consensus_horizon
+        st.remember(msg.step, latest, feeders, horizon)
+        if p is not None:  # each statistic's own evidence, for the consensus one statistic at a time
+            each = np.nan_to_num(-np.log10(np.maximum(st.fences.last_p, 1e-300)), nan=0.0)
+            st.remember_each(msg.sender, msg.step, each, feeders, horizon)
         drift = k_learn / 2 if self.config.combine == "calibrated" else k_learn  # "part of a stage-wide drift" above
         live = self.env.live_replicas(stage) if self.env.live_replicas is not None else None
         shift = e > k_learn and st.stage_shift(msg.step, e, drift, live, self.config.consensus_horizon)
@@ -591,6 +598,8 @@ class Sentinel(Detector):
             marks = frozenset({Marker.OUTLIER})
         else:
             marks = frozenset()
+        if not shift and p is not None and st.statistic_drift(msg.step, msg.sender, DRIFT_EACH, live, horizon):
+            marks |= {Marker.DRIFT}  # the stage drifts in one statistic: for the sequential test, not for learning
         if learn:
             return self._accept(st, sig, lay, msg, values, d, t, marks, p, p_rel, judged=not shift)
         return Verdict(d, False, marks, pvalue=p, relation_pvalue=p_rel)

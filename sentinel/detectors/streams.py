@@ -37,6 +37,16 @@ def shift_quorum(replicas: int) -> int:
     return f + (replicas - f) // 2 + 1
 
 
+def one_feeder(origins: list[tuple]) -> bool:
+    """Whether messages with these origins (`SenderInputs.origin`: who sent the input, who sent the gradient) all
+    received their input, or all their gradient, from one upstream worker."""
+    for k in range(2):  # who sent the input; who sent the gradient
+        got = {o[k] if len(o) > k else None for o in origins}
+        if len(got) == 1 and None not in got:
+            return True
+    return False
+
+
 def mix(*keys: int) -> int:
     """A 62-bit hash of non-negative integers (splitmix64 steps): the same in every process and run."""
     h = 0x9E3779B97F4A7C15
@@ -66,6 +76,9 @@ class Stream:
         self.evidence: dict[str, collections.deque] = {}  # sender -> (step, evidence) of its recent messages
         self.fed: collections.deque = collections.deque()  # (step, statistic, origin) of recent messages, for the
         # consensus: who sent each one's inputs (`SenderInputs.origin`)
+        self.latest_each: dict[str, tuple[int, np.ndarray]] = {}  # sender -> (step, per-statistic evidence) of its
+        # latest message, and (step, per-statistic evidence, origin) of recent messages: `statistic_drift`
+        self.fed_each: collections.deque = collections.deque()
 
     def setup(self, cfg, names: tuple[str, ...]) -> None:
         """Fix the stream's statistics: those of `cfg.distances` it can compute (`names`)."""
@@ -110,6 +123,53 @@ class Stream:
         if horizon:
             self.fed.append((step, e, origin))
 
+    def remember_each(self, sender: str, step: int, evidence: np.ndarray, origin: tuple, horizon: int) -> None:
+        """Keep a judged message's per-statistic evidence (-log10 of each statistic's own tail probability; 0 for a
+        statistic without a value) for `horizon` steps (`statistic_drift` reads them)."""
+        while self.fed_each and step - self.fed_each[0][0] >= horizon:
+            self.fed_each.popleft()
+        if horizon:
+            self.latest_each[sender] = (step, evidence)
+            self.fed_each.append((step, evidence, origin))
+
+    def statistic_drift(self, step: int, sender: str, level: float, live: list[str] | None, horizon: int) -> bool:
+        """The consensus of `stage_shift` one statistic at a time: whether the latest messages (within `horizon` steps)
+        of at least `shift_quorum(R)` senders of the stage were beyond `level` on one statistic, `sender`'s latest no
+        more so than the (R - f)-th smallest of them, and those beyond it did not all descend from one upstream worker.
+
+        Why: a stage's honest drift often shows in one statistic (a relation that grows as the model leaves a
+        training phase, the skewness of every gradient after a loss spike) on every replica, while the combined
+        evidence, a Bonferroni minimum over every statistic, stays short of `stage_shift`'s level on some of them.
+        The wave's leader then gathers evidence alone: on held-out C-header bytes (the built-in model, 8 x 96, a 4 x 3
+        mesh, default training, seed 463) `match` on stage 2's activations went from ~0.1 to 0.5-0.8 on all three
+        replicas over steps 20-24; one of them, the first reached, sent messages at p ~ 1e-8 and was banned at step
+        22, while its peers' messages stood at p ~ 1e-2 to 4e-4 on `match` and 4e-3 to 0.2 combined (issue-18 note,
+        stop 51). The sequential test reads this as it reads a shift (`Marker.DRIFT`, sentinel/sequential.py: "drift").
+        The same guards as `stage_shift`: the quorum needs more than half of the honest replicas, so no malicious
+        minority makes it in its own stage; the message that shows it must not be the outlier beyond its peers; and
+        a corruption that one upstream worker carries into every replica it feeds is not drift."""
+        mine = self.latest_each.get(sender)
+        if not horizon or mine is None:
+            return False
+        now = [v for w, (s, v) in self.latest_each.items() if step - s < horizon and (live is None or w in live)]
+        R = max(len(live) if live is not None else len(self.latest_each), len(now))
+        if R < 2:
+            return False
+        need = shift_quorum(R)
+        if len(now) < need:
+            return False
+        latest = np.array(now)
+        beyond = (latest > level).sum(axis=0) >= need
+        if not beyond.any():
+            return False
+        k = min(R - (R - 1) // 2, len(now)) - 1  # the (R - f)-th smallest
+        for j in np.flatnonzero(beyond).tolist():
+            if mine[1][j] > np.sort(latest[:, j])[k]:
+                continue
+            if not one_feeder([o for s, v, o in self.fed_each if v[j] > level and step - s < horizon]):
+                return True
+        return False
+
     def stage_shift(self, step: int, e: float, level: float, live: list[str] | None, horizon: int) -> bool:
         """Honest-majority consensus: is this anomalous message part of a stage-wide shift?
 
@@ -139,9 +199,6 @@ class Stream:
         need = shift_quorum(R)
         if sum(v > level for v in vals) < need:
             return False
-        origins = [o for s, v, o in self.fed if v > level and step - s < horizon]  # every anomalous one, not the latest
-        for k in range(2):  # who sent the input; who sent the gradient
-            got = {o[k] if len(o) > k else None for o in origins}
-            if len(got) == 1 and None not in got:
-                return False
+        if one_feeder([o for s, v, o in self.fed if v > level and step - s < horizon]):  # every anomalous one
+            return False
         return e <= vals[min(R - (R - 1) // 2, len(vals)) - 1]  # the (R - f)-th smallest

@@ -38,8 +38,9 @@ from sklearn.metrics import average_precision_score, roc_auc_score, roc_curve
 
 from sentinel.eventlog import EventLog
 from sentinel.scoring.metrics import checked_messages
+from sentinel.transport.verdict import Marker
 
-MARKERS = frozenset({"paused", "integrity", "replay", "outlier", "shift", "certain"})  # flags, not statistics
+MARKERS = frozenset(m.value for m in Marker)  # flags, not statistics
 ALWAYS = ("integrity", "replay")  # flagged whatever the threshold (no statistic: the payload is unusable)
 NEVER = ("paused", "shift")  # not judged: never flagged whatever the threshold (k >= the exactness bound)
 CURVE_POINTS = 200  # points kept per saved curve

@@ -24,6 +24,7 @@ class Marker(str, enum.Enum):
     CERTAIN = "certain"  # a proof other than the above (e.g. a mismatch with a trusted recomputation)
     OUTLIER = "outlier"  # accepted, but beyond the inner fence: soft evidence, not learned
     SHIFT = "shift"  # beyond the fence but accepted as an honest-majority drift of the whole stage
+    DRIFT = "drift"  # accepted, while the honest majority of the stage drifts in one statistic (for sequential tests)
 
 
 CERTAIN_MARKERS = frozenset({Marker.INTEGRITY, Marker.REPLAY, Marker.WIRE_REJECT, Marker.CERTAIN})

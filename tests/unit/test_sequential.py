@@ -350,20 +350,22 @@ def test_a_worker_standing_out_alone_is_banned_after_its_peers_rejoin_the_crowd(
     assert _bans(mesh) == ["s2r0"]
 
 
-def test_no_evidence_from_a_stream_in_a_stage_wide_shift():
-    """A step in which the detector recognised a stage-wide shift in a stream (SHIFT marker) adds nothing to its
-    senders' statistics: their anomaly is the stage's drift."""
+@pytest.mark.parametrize("marker", ["shift", "drift"])
+def test_no_evidence_from_a_stream_in_a_stage_wide_shift(marker):
+    """A step in which the detector recognised a stage-wide shift in a stream (SHIFT marker; DRIFT: in one statistic)
+    adds nothing to its senders' statistics: their anomaly is the stage's drift."""
     from sentinel.detectors.base import Marker
 
     r, mesh = _responder()
     strong = Verdict({}, False, pvalue=1e-12)
-    shift = Verdict({}, False, frozenset({Marker.SHIFT}), pvalue=0.2)
+    shift = Verdict({}, False, frozenset({Marker(marker)}), pvalue=0.2)
     for s in range(3):
         r.end_step(s, [(_msg(s, 0, 1, "s1r0"), strong), (_msg(s, 1, 1, "s1r1"), shift)])
     assert r.evidence.level.get(("s1r0", 0), 0.0) == 0.0 and _bans(mesh) == []
 
 
-def test_a_recognised_shift_settles_its_stream_and_the_stage_drifts_after_it():
+@pytest.mark.parametrize("marker", ["shift", "drift"])
+def test_a_recognised_shift_settles_its_stream_and_the_stage_drifts_after_it(marker):
     """Once the detector recognises a stage-wide shift in a stream, what its senders gathered lately was the drift's
     onset (settled to half the threshold), and for DRIFT_HORIZON steps the stage drifts: a message adds at most the
     strict cap. On held-out HTML bytes (12 layers, 6 x 4, seed 161) random routing gave one replica most of a drifting
@@ -373,7 +375,7 @@ def test_a_recognised_shift_settles_its_stream_and_the_stage_drifts_after_it():
     def run(shift: bool) -> Responder:
         r, _ = _responder()
         calm = Verdict({}, False, pvalue=0.5)
-        marked = Verdict({}, False, frozenset({Marker.SHIFT}), pvalue=0.5)
+        marked = Verdict({}, False, frozenset({Marker(marker)}), pvalue=0.5)
         for s, p in enumerate([1e-6, 1e-3, None, 1e-6]):
             recs = [(_msg(s, 0, 1, "s1r0"), Verdict({}, False, pvalue=p))] if p is not None else []
             peer = marked if shift and s == 2 else calm

@@ -392,6 +392,56 @@ def test_colluders_alone_cannot_make_a_stage_shift(replicas):
     assert st.stage_shift(step, 9.0, level, live, horizon)
 
 
+def test_a_one_statistic_drift_needs_the_quorum_in_that_statistic_and_not_its_outlier():
+    """`Stream.statistic_drift`: a stage drifts in one statistic when the latest messages of a quorum of its replicas
+    (`shift_quorum`) are beyond the level in that same statistic, and the message that shows it is no more anomalous
+    there than the (R - f)-th smallest: the wave's leader alone, or replicas beyond the level in different statistics,
+    or anomalous messages all fed by one upstream worker, are not drift."""
+    from sentinel.detectors.streams import Stream
+
+    live, step, horizon, level = ["s2r0", "s2r1", "s2r2"], 22, 5, 2.0
+
+    def stream(rows, origins=None):
+        st = Stream(Sentinel.Config(), beta=0.9, keep_full=False)
+        for i, (w, ev) in enumerate(zip(live, rows)):
+            st.remember_each(w, step, np.array(ev, dtype=float), origins[i] if origins else (f"s1r{i}", None), horizon)
+        return st
+
+    # statistic 1 (say `match`): the leader at 8, its peers at 2.2 and 3.0; statistic 0 quiet
+    st = stream([[0.1, 8.0], [0.3, 2.2], [0.2, 3.0]])
+    assert st.statistic_drift(step, "s2r2", level, live, horizon)  # a peer of the wave: the stage drifts
+    assert st.statistic_drift(step, "s2r1", level, live, horizon)
+    assert not st.statistic_drift(step, "s2r0", level, live, horizon)  # the outlier cannot show it
+    # one peer short of the quorum in that statistic (beyond the level in another one instead): no drift
+    st = stream([[0.1, 8.0], [0.3, 1.5], [2.5, 3.0]])
+    assert not any(st.statistic_drift(step, w, level, live, horizon) for w in live)
+    # every anomalous message fed by one upstream worker: that worker's corruption, not drift
+    st = stream([[0.1, 8.0], [0.3, 2.2], [0.2, 3.0]], origins=[("s1r0", None)] * 3)
+    assert not st.statistic_drift(step, "s2r2", level, live, horizon)
+    # out of the horizon, a replica's latest message no longer counts
+    st = stream([[0.1, 8.0], [0.3, 2.2], [0.2, 3.0]])
+    assert not st.statistic_drift(step + horizon, "s2r2", level, live, horizon)
+
+
+@pytest.mark.parametrize("replicas", [4, 5])
+def test_colluders_alone_cannot_make_a_one_statistic_drift(replicas):
+    """As `stage_shift`'s consensus: f colluders beyond the level in a statistic and one honest replica fewer than
+    more than half of the honest ones make no drift in it; one honest replica more does."""
+    from sentinel.detectors.streams import Stream
+
+    st = Stream(Sentinel.Config(), beta=0.9, keep_full=False)
+    live = [f"s1r{i}" for i in range(replicas)]
+    f = (replicas - 1) // 2
+    honest_needed = (replicas - f) // 2 + 1
+    level, step, horizon = 2.0, 10, 5
+    anomalous = live[:f] + live[f : f + honest_needed - 1]
+    for i, w in enumerate(live):
+        st.remember_each(w, step, np.array([0.1, 3.0 if w in anomalous else 0.1]), (f"s0r{i}", None), horizon)
+    assert not any(st.statistic_drift(step, w, level, live, horizon) for w in live)
+    st.remember_each(live[f + honest_needed - 1], step, np.array([0.1, 3.0]), ("s0r9", None), horizon)
+    assert st.statistic_drift(step, live[f + honest_needed - 1], level, live, horizon)
+
+
 def test_a_sparse_payload_is_a_replay_only_when_every_entry_repeats():
     """Top-k traffic whose kept entries all sit in one feature (a massive activation): two honest messages can have
     equal pooled means (the signature's head, the replay key of a dense payload) while their entries differ. Not a
