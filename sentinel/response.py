@@ -102,7 +102,6 @@ from sentinel.transport.message import Message
 
 EXPLAINED = 0.05  # a flag whose sender the peer test singles out at this level is explained by it
 CERTAIN_FLOOR = 1e-6  # honest workers (practically) never send NaN, a wrong shape, or an exact replay
-DRIFTS = frozenset({Marker.SHIFT, Marker.DRIFT})  # the detector recognised a stage-wide drift in the stream
 SCORE_EVERY = 3  # steps between two rounds of score tests (their cost is per stream, not per message)
 MIN_SCORES = 8  # statistics a sender needs in a stream before its distribution is compared with its peers'
 
@@ -249,6 +248,7 @@ class Responder:
         self.evidence = SequentialEvidence(alpha, streams=2) if alpha is not None else None
         self._tainted: set[int] = set()  # microbatches of this step with an anomalous message so far
         self._drift: set[tuple[int, int]] = set()  # streams with a stage-wide shift this step (no evidence)
+        self._explained: set[tuple[str, int, int]] = set()  # (sender, stream) whose evidence is a drift's (`_drifting`)
         self._pending: list[tuple[str, int, int, float]] = []  # this step's (sender, stage, stream, p) for the evidence
         self._deferred: set[tuple[str, int]] = set()  # (worker, stream) whose ban waits for this step's consensus
         self._flagged_at: dict[str, int] = {}  # worker -> the last step it sent a flagged message
@@ -284,7 +284,8 @@ class Responder:
         self._routes, self._tainted = {}, set()
         records = list(records)
         # streams where the detector recognised a stage-wide shift this step (honest-majority drift)
-        self._drift = {(m.boundary, int(m.role)) for m, v in records if not DRIFTS.isdisjoint(v.markers)}
+        self._drift = {(m.boundary, int(m.role)) for m, v in records if Marker.SHIFT in v.markers}
+        self._explained = self._drifting(records)
         if self.evidence is not None:
             self.evidence.begin_step()
         for msg, verdict in records:
@@ -293,7 +294,8 @@ class Responder:
         if self.evidence is not None:  # every peer's evidence of the step is in: the guard does not depend on order
             shifts = {(sender_stage(b, r), r) for b, r in self._drift}  # (sending stage, direction) of each shift
             stages = {stage for _, stage, _, _ in self._pending} | {stage for stage, _ in shifts}
-            self.evidence.weigh_step(self._pending, {s: self.mesh.live_in_stage(s) for s in stages}, shifts)
+            explained = {(w, r) for w, _, r in self._explained}
+            self.evidence.weigh_step(self._pending, {s: self.mesh.live_in_stage(s) for s in stages}, shifts, explained)
             self._pending = []
             deferred, self._deferred = self._deferred, set()
             for worker, stream in [*sorted(deferred), *(k for k in self.evidence.due() if k not in deferred)]:
@@ -301,7 +303,8 @@ class Responder:
                     continue
                 peers = self._peers(worker)
                 if self.evidence.exceeds(worker, peers, stream):
-                    if (worker, stream) in deferred and (self.mesh.stage_of(worker), stream) in shifts:
+                    drifted = (self.mesh.stage_of(worker), stream) in shifts or (worker, stream) in explained
+                    if (worker, stream) in deferred and drifted:
                         self.evidence.settle([worker, *peers], stream)  # the drift reached it first: not evidence
                     elif (worker, stream) not in deferred and self.evidence.rising(
                         peers, stream, shift_quorum(len(peers) + 1)
@@ -317,6 +320,22 @@ class Responder:
         self._rejoin_due(nxt)
         if self.config.on_flag == "drop_suspect":
             self._suspect(step, records)
+
+    @staticmethod
+    def _drifting(records: list[tuple[Message, Verdict]]) -> set[tuple[str, int, int]]:
+        """(sender, boundary, role) whose evidence this step is a drift's: in a stream where the detector recognised a
+        stage-wide drift in one statistic (a verdict marked DRIFT), the senders that sent it only accepted messages this
+        step. A sender flagged in that stream this step stands beyond what the drift explains (sentinel/sequential.py,
+        "drift"), and one that sent nothing there is not part of it."""
+        streams = {(m.boundary, int(m.role)) for m, v in records if Marker.DRIFT in v.markers}
+        if not streams:
+            return set()
+        sent, flagged = set(), set()
+        for m, v in records:
+            key = (m.sender, m.boundary, int(m.role))
+            if key[1:] in streams and v.judged:
+                (flagged if v.flagged else sent).add(key)
+        return sent - flagged
 
     def _suspect(self, step: int, records: list[tuple[Message, Verdict]]) -> None:
         """`suspects` after `step`: live workers that sent a flagged message within the last `strike_window` steps
@@ -365,7 +384,8 @@ class Responder:
         if self.evidence is None or verdict.certain or msg.sender in self.banned:
             return
         p = verdict.relation_pvalue if tainted else verdict.pvalue
-        if p is None or (msg.boundary, int(msg.role)) in self._drift:
+        stream = (msg.boundary, int(msg.role))
+        if p is None or stream in self._drift or (msg.sender, *stream) in self._explained:
             return
         self._pending.append((msg.sender, self.mesh.stage_of(msg.sender), int(msg.role), p))
 

@@ -134,11 +134,15 @@ the guards. On a uniform honest stream of 100,000 messages the statistic peaked 
   and at step 91 one more message at 6e-6 banned the replica (its peers' statistics at 0, 0 and 0.23, so the guard
   let it through). The consensus needs an honest majority anomalous together, which no malicious minority can
   produce in its own stream (`streams.Stream.stage_shift`), so an attacker's evidence settles only where its honest
-  peers drift as well. The same holds for a drift in one statistic (a verdict marked DRIFT,
-  `streams.Stream.statistic_drift`: the majority beyond p = 1e-2 in that statistic, their combined evidence short of
-  the consensus's level): on held-out C-header bytes (the built-in model, 8 x 96, a 4 x 3 mesh, seed 463) a stage's
-  `match` rose on all three replicas over steps 20-24, the first one reached sent messages at p ~ 1e-8 and was
-  banned at step 22 while its peers' combined p-values stood at 4e-3 to 0.2 (issue-18 note, stop 51);
+  peers drift as well. A step in which the detector recognised a drift in one statistic (a verdict marked DRIFT,
+  `streams.Stream.statistic_drift`: the majority beyond p = 1e-2 in it, their combined evidence short of the
+  consensus's level) settles, and adds nothing to, the stream's senders that sent only accepted messages in it that
+  step: the drift's participants; a sender flagged there in that step stands beyond the drift and keeps its evidence,
+  and no drifting period follows. On held-out C-header bytes (the built-in model, 8 x 96, a 4 x 3 mesh, seed 463) a
+  stage's `match` rose on all three replicas over steps 20-24, the first one reached sent messages at p ~ 1e-8 and
+  was banned at step 22 while its peers' combined p-values stood at 4e-3 to 0.2 (issue-18 note, stop 51). Read as a
+  shift of the whole stage, the same marker settled attackers whose flagged messages lay in another statistic than
+  their stage's honest drift (held-out Perl bytes, GPT-2: steps to ban +0.75 [+0.01, +1.49] over 48 attackers);
 - contamination: once a message of a microbatch looked anomalous (p < 0.01) in a step, the later messages
   of that microbatch (downstream activations, every gradient) carry its corruption through no fault of
   their senders: only their `relation_pvalue` (how a sender's output relates to the input it received,
@@ -234,11 +238,14 @@ class SequentialEvidence:
         messages: Iterable[tuple[str, int, int, float]],
         live: Mapping[int, Iterable[str]],
         shifts: Iterable[tuple[int, int]] = (),
+        explained: Iterable[tuple[str, int]] = (),
     ) -> None:
         """`update` with one step's messages, (worker, stage, stream, p) in order, less each stream's common level.
         `shifts`: the (stage, stream) pairs in which the detector recognised a stage-wide shift this step (their
         messages are not among `messages`): their live replicas' statistics settle, and they drift for DRIFT_HORIZON
-        steps (the module docstring's "drift").
+        steps (the module docstring's "drift"). `explained`: (worker, stream) whose evidence this step is a drift in
+        one statistic that the detector recognised (their messages of that stream are not among `messages` either):
+        those statistics settle.
 
         A stage's common level in a stream is the highest c such that a strict majority of its live replicas (`live`:
         stage -> workers) averaged at least UNIFORM + c nats per message (capped) over the last DRIFT_HORIZON steps: how
@@ -258,6 +265,8 @@ class SequentialEvidence:
         self._shifts.append(set(shifts))
         for stage, stream in self._shifts[-1]:
             self.settle(list(live.get(stage, ())), stream)
+        for worker, stream in explained:
+            self.settle([worker], stream)
         shifted = set().union(*self._shifts)  # recognised shifts of the horizon
         now: dict[tuple[int, int], dict[str, list[float]]] = {}
         sent: dict[tuple[int, int], dict[str, list[float]]] = {}

@@ -30,7 +30,7 @@ Per stream:
                them is accepted and learned; not when those messages all received their input (or their gradient)
                from one upstream worker (`SenderInputs.origin`): that is what that worker sent, not drift; the same
                one statistic at a time (`Stream.statistic_drift`, a statistic's own p < 1e-2 on the quorum) marks
-               an accepted message DRIFT, which only the sequential test reads (a stage-wide drift in its stream)
+               an accepted message DRIFT, which only the sequential test reads (the stream's accepted senders settle)
     replays    an exact repeat of a relayed tensor is flagged as certain (`replay.py`)
 Every rule reads "statistic > threshold" and the logged statistic (`evidence`, or `exceedance` for the fences)
 sweeps the rule's whole ROC from one open-loop run.

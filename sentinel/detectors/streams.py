@@ -144,7 +144,8 @@ class Stream:
         mesh, default training, seed 463) `match` on stage 2's activations went from ~0.1 to 0.5-0.8 on all three
         replicas over steps 20-24; one of them, the first reached, sent messages at p ~ 1e-8 and was banned at step
         22, while its peers' messages stood at p ~ 1e-2 to 4e-4 on `match` and 4e-3 to 0.2 combined (issue-18 note,
-        stop 51). The sequential test reads this as it reads a shift (`Marker.DRIFT`, sentinel/sequential.py: "drift").
+        stop 51). The sequential test settles the stream's senders that sent only accepted messages in such a step
+        (`Marker.DRIFT`, sentinel/sequential.py: "drift").
         The same guards as `stage_shift`: the quorum needs more than half of the honest replicas, so no malicious
         minority makes it in its own stage; the message that shows it must not be the outlier beyond its peers; and
         a corruption that one upstream worker carries into every replica it feeds is not drift."""

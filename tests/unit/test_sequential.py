@@ -350,22 +350,49 @@ def test_a_worker_standing_out_alone_is_banned_after_its_peers_rejoin_the_crowd(
     assert _bans(mesh) == ["s2r0"]
 
 
-@pytest.mark.parametrize("marker", ["shift", "drift"])
-def test_no_evidence_from_a_stream_in_a_stage_wide_shift(marker):
-    """A step in which the detector recognised a stage-wide shift in a stream (SHIFT marker; DRIFT: in one statistic)
-    adds nothing to its senders' statistics: their anomaly is the stage's drift."""
+def test_no_evidence_from_a_stream_in_a_stage_wide_shift():
+    """A step in which the detector recognised a stage-wide shift in a stream (SHIFT marker) adds nothing to its
+    senders' statistics: their anomaly is the stage's drift."""
     from sentinel.detectors.base import Marker
 
     r, mesh = _responder()
     strong = Verdict({}, False, pvalue=1e-12)
-    shift = Verdict({}, False, frozenset({Marker(marker)}), pvalue=0.2)
+    shift = Verdict({}, False, frozenset({Marker.SHIFT}), pvalue=0.2)
     for s in range(3):
         r.end_step(s, [(_msg(s, 0, 1, "s1r0"), strong), (_msg(s, 1, 1, "s1r1"), shift)])
     assert r.evidence.level.get(("s1r0", 0), 0.0) == 0.0 and _bans(mesh) == []
 
 
-@pytest.mark.parametrize("marker", ["shift", "drift"])
-def test_a_recognised_shift_settles_its_stream_and_the_stage_drifts_after_it(marker):
+def test_a_drift_in_one_statistic_settles_its_accepted_senders_not_a_flagged_one():
+    """A step in which the detector recognised a drift in one statistic in a stream (a verdict marked DRIFT) settles,
+    and adds nothing to, the statistics of the senders that sent only accepted messages in it: the wave's first
+    replica, far out before its peers followed, is not banned. A sender flagged in that stream in that step stands
+    beyond the drift and keeps its evidence; unmarked, the step brings the first replica to the threshold."""
+    from sentinel.detectors.base import Marker
+
+    def run(marked: bool) -> Responder:
+        r, _ = _responder()
+        for s in range(3):
+            lead = Verdict({}, s < 2, pvalue=1e-5)  # flagged twice, then accepted as its peers follow
+            marks = frozenset({Marker.DRIFT}) if marked and s == 2 else frozenset()
+            peer = Verdict({}, False, marks, pvalue=0.05 if s == 2 else 0.5)  # the peers follow at step 2
+            other = Verdict({}, s == 2, pvalue=1e-5 if s == 2 else 0.5)  # flagged in the drift's step
+            r.end_step(
+                s, [(_msg(s, 0, 1, "s1r0"), lead), (_msg(s, 1, 1, "s1r1"), peer), (_msg(s, 2, 1, "s1r2"), other)]
+            )
+            if s == 1:
+                r.before = r.evidence.level["s1r0", 0]
+                assert r.before > r.evidence.threshold / 2
+        return r
+
+    r = run(marked=False)
+    assert r.evidence.level["s1r0", 0] >= r.evidence.threshold > r.before  # at the threshold (its ban waits a step)
+    r = run(marked=True)
+    assert "s1r0" not in r.banned and r.evidence.level["s1r0", 0] == r.evidence.threshold / 2
+    assert ("s1r0", 1, 0) in r._explained and ("s1r2", 1, 0) not in r._explained  # flagged: its evidence counts
+
+
+def test_a_recognised_shift_settles_its_stream_and_the_stage_drifts_after_it():
     """Once the detector recognises a stage-wide shift in a stream, what its senders gathered lately was the drift's
     onset (settled to half the threshold), and for DRIFT_HORIZON steps the stage drifts: a message adds at most the
     strict cap. On held-out HTML bytes (12 layers, 6 x 4, seed 161) random routing gave one replica most of a drifting
@@ -375,7 +402,7 @@ def test_a_recognised_shift_settles_its_stream_and_the_stage_drifts_after_it(mar
     def run(shift: bool) -> Responder:
         r, _ = _responder()
         calm = Verdict({}, False, pvalue=0.5)
-        marked = Verdict({}, False, frozenset({Marker(marker)}), pvalue=0.5)
+        marked = Verdict({}, False, frozenset({Marker.SHIFT}), pvalue=0.5)
         for s, p in enumerate([1e-6, 1e-3, None, 1e-6]):
             recs = [(_msg(s, 0, 1, "s1r0"), Verdict({}, False, pvalue=p))] if p is not None else []
             peer = marked if shift and s == 2 else calm
