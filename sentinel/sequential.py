@@ -53,39 +53,41 @@ the guards. On a uniform honest stream of 100,000 messages the statistic peaked 
   left with two replicas, its gradients sent two messages at p ~ 1e-6 within three steps while the stage looked
   quiet. Honest far-out messages cluster on one replica; only the slow drain keeps two of them from banning;
 - peers' tail: an anomalous message (p < ANOMALOUS) counts as if its p-value were no lower than r min(1, r / own),
-  where r is how often the worker's live stage peers sent a message as far out over the last PEER_HORIZON (30)
-  steps (each peer's share of its own messages in the stream, counted once it sent PEER_EVENTS (2) such messages)
-  and own the worker's share over the last OWN_HORIZON (10) steps. "As far out" is at p or below, and at TAIL_P
-  (1e-4) or below for a message beyond it: past the windows' calibrated tail a p-value of 1e-14 is not more
-  surprising than one of 1e-5. Both came from false bans of honest replicas once the windows followed their
-  streams' drift (`recent` in `calibration.py`), which took the stage-wide part of the evidence away and left the
-  bursts: in 12-layer models' training phases (held-out Python source and BPE copyright text, C headers, 6 x 4
-  meshes) a replica's stream sent three to five messages at p ~ 1e-4 to 1e-42 within 3-7 steps while its peers
-  sent such messages every 10-30 steps (p ~ 1e-5 to 1e-37), each compared at its own p and over 10 steps: no rate.
-  Replayed over the recorded evidence of 12 honest 80-150-step runs and 48 attacked ones (issue-18 note, stop 34):
-  honest bans 9 -> 0 (4 in the honest runs, 5 before the attack began in late-attack runs); the 116 attackers whose
-  attack began at step 10 banned at the same steps; of 40 whose attack began in a drifting phase (step 45 of 80),
-  one a step sooner and 3 not yet by the step their recorded run banned them. The own share is taken over 10 steps
-  rather than 30, so an attacker's honest past does not dilute its current rate.
-  Honest far-out messages come in waves that reach a stage's replicas one by one: on held-out text (C headers,
-  byte-level, 12 layers, a 6 x 4 mesh) a stage's gradients sent messages at p ~ 1e-7 to 1e-14 on three of four
-  replicas over ten steps, never on a majority within five (the drifting-tail rule), and the replica that sent four,
-  with few messages between to drain, was banned; in another run a stage's activations did the same at p ~ 1e-4 to
-  1e-6. A message no more extreme than what its peers send now is little evidence; one sent q times as often as
-  they send such messages keeps a factor q (an attacker whose every message is as extreme as its honest peers' rare
-  ones still gains). A single far-out message of a peer is not a rate: counted, one honest peer's message at p ~ 5e-7
-  held a random-sign gradient attacker at p ~ 5e-6 (the paper table, seed 4) for seven steps. r is the m-th largest
-  of the peers' shares, m = ceil(peers / 2): what at least half of the peers show, and while a strict majority of the
-  stage is honest at most f - 1 <= m - 1 of an attacker's peers attack too (f = floor((R - 1) / 2)), so colluders
-  cannot vouch for each other. Nor can one honest peer's burst speak for its stage: with m = max(1, peers // 2), one
-  peer of three (a 4-replica stage) set the rate, and on held-out HTML bytes (5 layers x 80 on a 5 x 4 mesh, seed
-  141) one honest replica's burst of gradient messages around step 20 floored an attacker's, at p ~ 1e-12 to 1e-27,
-  to p ~ 1e-2 for 17 steps, the same under five different gradient attacks (issue-18 note, stop 49; on 3- and
-  5-replica stages ceil(peers / 2) = max(1, peers // 2)). Only anomalous messages: raised everywhere,
-  an ordinary message's drain moved with its peers' noise and a sparse attacker on held-out text took 1.5 steps
-  longer on one seed. The cost: an attacker no more extreme than what its honest peers sent lately waits until that
-  leaves the horizon (at most PEER_HORIZON steps); every figure of the paper table, the token class, the wrapped
-  attacks and the 16 x 11 mesh stayed the same (issue-18 note, stop 32);
+  where r is how often the worker's live stage peers sent a message as far out over the last PEER_HORIZON (30) steps
+  (each peer's share of its own messages in the stream, counted once such messages fall in PEER_EVENTS (2) different
+  steps) and own the worker's share over the last OWN_HORIZON (10) steps. "As far out" is at p or below, and at TAIL_P
+  (1e-4) or below for a message beyond it: past the windows' calibrated tail a p-value of 1e-14 is not more surprising
+  than one of 1e-5. Both came from false bans of honest replicas once the windows followed their streams' drift
+  (`recent` in `calibration.py`), which took the stage-wide part of the evidence away and left the bursts: in 12-layer
+  models' training phases (held-out Python source and BPE copyright text, C headers, 6 x 4 meshes) a replica's stream
+  sent three to five messages at p ~ 1e-4 to 1e-42 within 3-7 steps while its peers sent such messages every 10-30
+  steps (p ~ 1e-5 to 1e-37), each compared at its own p and over 10 steps: no rate. Replayed over the recorded
+  evidence of 12 honest 80-150-step runs and 48 attacked ones (issue-18 note, stop 34): honest bans 9 -> 0 (4 in the
+  honest runs, 5 before the attack began in late-attack runs); the 116 attackers whose attack began at step 10 banned
+  at the same steps; of 40 whose attack began in a drifting phase (step 45 of 80), one a step sooner and 3 not yet by
+  the step their recorded run banned them. The own share is taken over 10 steps rather than 30, so an attacker's
+  honest past does not dilute its current rate. Honest far-out messages come in waves that reach a stage's replicas
+  one by one: on held-out text (C headers, byte-level, 12 layers, a 6 x 4 mesh) a stage's gradients sent messages at p
+  ~ 1e-7 to 1e-14 on three of four replicas over ten steps, never on a majority within five (the drifting-tail rule),
+  and the replica that sent four, with few messages between to drain, was banned; in another run a stage's activations
+  did the same at p ~ 1e-4 to 1e-6. A message no more extreme than what its peers send now is little evidence; one
+  sent q times as often as they send such messages keeps a factor q (an attacker whose every message is as extreme as
+  its honest peers' rare ones still gains). A single far-out message of a peer is not a rate: counted, one honest
+  peer's message at p ~ 5e-7 held a random-sign gradient attacker at p ~ 5e-6 (the paper table, seed 4) for seven
+  steps. Nor is a single step's burst: on held-out C-header bytes (the built-in model, 8 x 96, a 4 x 3 mesh, seed 463)
+  an honest replica sent two messages at p ~ 1e-8 in step 20, at the onset of a drift in one statistic, and floored a
+  later activation attacker's messages, at p ~ 1e-7 to 1e-15, to p ~ 1e-1 to 4e-3 for ten steps (issue-18 note, stop
+  52). r is the m-th largest of the peers' shares, m = ceil(peers / 2): what at least half of the peers show, and
+  while a strict majority of the stage is honest at most f - 1 <= m - 1 of an attacker's peers attack too (f =
+  floor((R - 1) / 2)), so colluders cannot vouch for each other. Nor can one honest peer's burst speak for its stage:
+  with m = max(1, peers // 2), one peer of three (a 4-replica stage) set the rate, and on held-out HTML bytes (5
+  layers x 80 on a 5 x 4 mesh, seed 141) one honest replica's burst of gradient messages around step 20 floored an
+  attacker's, at p ~ 1e-12 to 1e-27, to p ~ 1e-2 for 17 steps, the same under five different gradient attacks
+  (issue-18 note, stop 49; on 3- and 5-replica stages ceil(peers / 2) = max(1, peers // 2)). Only anomalous messages:
+  raised everywhere, an ordinary message's drain moved with its peers' noise and a sparse attacker on held-out text
+  took 1.5 steps longer on one seed. The cost: an attacker no more extreme than what its honest peers sent lately
+  waits until that leaves the horizon (at most PEER_HORIZON steps); every figure of the paper table, the token class,
+  the wrapped attacks and the 16 x 11 mesh stayed the same (issue-18 note, stop 32);
 - common level: evidence a whole stage shares is nobody's (`SequentialEvidence.weigh_step`). The honest drift
   of a stage can outrun the windows without a stage-wide jump: on the same model the middle stages' gradient
   relation (1 - cos per token) grew 4-6x over 40 steps, every replica's p-values sat at 0.03-0.5 instead of
@@ -172,7 +174,7 @@ DEFER_SHARE = 0.25  # a ban waits a step for the consensus while enough peers st
 TAIL_P = 1e-4  # a stage most of whose replicas sent a message this far out lately drifts (`weigh_step`)
 PEER_HORIZON = 30  # steps over which a message's peers' rate of messages as far out is measured (`weigh_step`)
 OWN_HORIZON = 10  # ... and the worker's own rate (its current one: an attacker's honest past does not dilute it)
-PEER_EVENTS = 2  # ... counted for a peer that sent at least this many (one far-out message is not yet a rate)
+PEER_EVENTS = 2  # ... counted for a peer that sent such messages in this many steps (one event is not yet a rate)
 ANOMALOUS = 0.01  # a message with p below this taints the rest of its microbatch's path (this step)
 FLAGGED_P = 1e-3  # a peer that sent a message this far out in the step rises (`rising`): the default flag level
 
@@ -314,23 +316,31 @@ class SequentialEvidence:
     def _peer_rate(self, key: tuple[int, int], worker: str, p: float, live: Mapping, cache: dict) -> float:
         """The p-value floor of `worker`'s message at `p` in `key` = (stage, stream): r min(1, r / own), where r is how
         often the worker's live peers sent a message at p or below over the last PEER_HORIZON steps (this one
-        included), each peer's share of its own messages (0 for a peer with fewer than PEER_EVENTS of them), the m-th
-        largest of them with m = ceil(peers / 2), what at least half of the peers show: at most m - 1 of an attacker's
-        peers are attackers too while a strict majority of the stage is honest, so colluders cannot vouch for each
-        other, and one bursty peer of three is not its stage's rate; own is the worker's own
-        share over the last OWN_HORIZON steps. "As far out" means at p or below, or at TAIL_P or below for a message
-        beyond TAIL_P: the windows' tail is calibrated to about 1e-5, beyond which a p-value says far out, not how
-        far. `cache` keeps each stage's sorted p-values for the rest of the step."""
+        included), each peer's share of its own messages (0 for a peer that sent them in fewer than PEER_EVENTS
+        steps), the m-th largest of them with m = ceil(peers / 2), what at least half of the peers show: at most m - 1
+        of an attacker's peers are attackers too while a strict majority of the stage is honest, so colluders cannot
+        vouch for each other, and one bursty peer of three is not its stage's rate; own is the worker's own share over
+        the last OWN_HORIZON steps. "As far out" means at p or below, or at TAIL_P or below for a message beyond TAIL_P:
+        the windows' tail is calibrated to about 1e-5, beyond which a p-value says far out, not how far. `cache` keeps
+        each stage's sorted p-values (all, and each step's lowest) for the rest of the step."""
         ordered = cache.get(key)
-        if ordered is None:  # live replica -> its p-values over the horizon, sorted
+        if ordered is None:  # live replica -> its p-values over the horizon, and its lowest of each step, sorted
             ordered = cache[key] = {
-                w: sorted(x for past in self._sent for x in past.get(key, {}).get(w, ())) for w in live.get(key[0], ())
+                w: (
+                    sorted(x for past in self._sent for x in past.get(key, {}).get(w, ())),
+                    sorted(min(past[key][w]) for past in self._sent if w in past.get(key, {})),
+                )
+                for w in live.get(key[0], ())
             }
         q = max(p, TAIL_P)
         peers = [w for w in ordered if w != worker]
         m = max(1, (len(peers) + 1) // 2)
-        counts = ((bisect.bisect_right(ordered[w], q), len(ordered[w])) for w in peers if ordered[w])
-        shares = sorted((k / n if k >= PEER_EVENTS else 0.0 for k, n in counts), reverse=True)
+        counts = (
+            (bisect.bisect_right(ps, q), len(ps), bisect.bisect_right(lows, q))
+            for w in peers
+            for ps, lows in [ordered[w]]
+        )
+        shares = sorted((k / n if steps >= PEER_EVENTS else 0.0 for k, n, steps in counts if n), reverse=True)
         r = shares[m - 1] if len(shares) >= m else 0.0
         if r == 0.0:
             return r

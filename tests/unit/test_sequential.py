@@ -285,6 +285,32 @@ def test_a_message_no_more_extreme_than_its_peers_send_lately_counts_little():
     assert _bans(r.mesh) == ["s1r0"] and r.banned["s1r0"] == 3
 
 
+def test_far_out_messages_of_one_step_are_not_a_rate():
+    """A peer's far-out messages count as a rate once they fall in PEER_EVENTS (two) different steps: a single step's
+    burst is one event. On held-out C-header bytes (the built-in model, 8 x 96, a 4 x 3 mesh, seed 463) an honest
+    replica sent two messages at p ~ 1e-8 in step 20, at the onset of a drift in one statistic, and floored a later
+    activation attacker's messages at p ~ 1e-7 to 1e-15 to p ~ 1e-1 to 4e-3 for ten steps. Here two peers of a
+    4-replica stage send two far-out messages each in step 0 (or one in each of steps 0 and 1), and s1r0 one in each
+    of steps 6 and 7, after the stage's drifting tail left the horizon: the burst of one step does not discount them."""
+    far, calm = Verdict({}, False, pvalue=1e-9), Verdict({}, False, pvalue=0.5)
+
+    def run(peer_steps: tuple[int, ...]) -> Responder:
+        r = Responder(ResponseConfig(), MeshControl(WorkerTable(4, 4)))
+        for s in range(9):
+            recs = []
+            for i, w in enumerate(["s1r1", "s1r2", "s1r3"], 1):
+                ps = [far if w != "s1r3" and (s, m) in peer_steps else calm for m in range(2)]
+                recs += [(_msg(s, 2 * i + m, 1, w), v) for m, v in enumerate(ps)]
+            own = [far] if s in (6, 7) else [calm, calm]
+            r.end_step(s, recs + [(_msg(s, 8 + m, 1, "s1r0"), v) for m, v in enumerate(own)])
+        return r
+
+    r = run(((0, 0), (0, 1)))
+    assert _bans(r.mesh) == ["s1r0"] and r.banned["s1r0"] == 7
+    r = run(((0, 0), (1, 0)))
+    assert _bans(r.mesh) == [] and r.evidence.level["s1r0", 0] < r.evidence.threshold / 2
+
+
 def test_one_bursty_peer_of_three_is_not_the_stages_rate():
     """The rate that discounts a message is what at least half of the worker's peers show (the m-th largest share, m =
     ceil(peers / 2)): one peer of three with a burst of far-out messages does not shield the others. With m = 1 on
