@@ -250,7 +250,8 @@ class Responder:
         self._drift: set[tuple[int, int]] = set()  # streams with a stage-wide shift this step (no evidence)
         self._explained: set[tuple[str, int, int]] = set()  # (sender, stream) whose evidence is a drift's (`_drifting`)
         self._pending: list[tuple[str, int, int, float]] = []  # this step's (sender, stage, stream, p) for the evidence
-        self._deferred: set[tuple[str, int]] = set()  # (worker, stream) whose ban waits for this step's consensus
+        # (worker, stream) whose ban waits for this step's consensus -> the peers that rose while it waited
+        self._deferred: dict[tuple[str, int], frozenset[str]] = {}
         self._flagged_at: dict[str, int] = {}  # worker -> the last step it sent a flagged message
         # `drop_suspect`: whose flagged messages are dropped, as of the end of the last step (`_suspect`); every
         # verifier process holds the coordinator's (sentinel/distributed/channels.py: StepEnd)
@@ -297,19 +298,24 @@ class Responder:
             explained = {(w, r) for w, _, r in self._explained}
             self.evidence.weigh_step(self._pending, {s: self.mesh.live_in_stage(s) for s in stages}, shifts, explained)
             self._pending = []
-            deferred, self._deferred = self._deferred, set()
+            deferred, self._deferred = self._deferred, {}
             for worker, stream in [*sorted(deferred), *(k for k in self.evidence.due() if k not in deferred)]:
                 if worker in self.banned:
                     continue
                 peers = self._peers(worker)
                 if self.evidence.exceeds(worker, peers, stream):
                     drifted = (self.mesh.stage_of(worker), stream) in shifts or (worker, stream) in explained
-                    if (worker, stream) in deferred and drifted:
+                    risen = deferred.get((worker, stream))  # None: its ban has not waited
+                    if risen is None:
+                        if self.evidence.rising(peers, stream, shift_quorum(len(peers) + 1)):
+                            # the stage is one replica short of a shift: wait a step
+                            self._deferred[worker, stream] = frozenset(self.evidence.risen(peers, stream))
+                        else:
+                            self.ban(worker, step, by="sequential")
+                    elif drifted:
                         self.evidence.settle([worker, *peers], stream)  # the drift reached it first: not evidence
-                    elif (worker, stream) not in deferred and self.evidence.rising(
-                        peers, stream, shift_quorum(len(peers) + 1)
-                    ):
-                        self._deferred.add((worker, stream))  # the stage is one replica short of a shift: wait a step
+                    elif fresh := set(self.evidence.risen(peers, stream)) - risen:
+                        self._deferred[worker, stream] = risen | fresh  # the wave reached another replica: wait on
                     else:
                         self.ban(worker, step, by="sequential")
                 elif self.evidence.reached(worker, stream):  # a majority of the stage stood out too: drift, not

@@ -113,8 +113,9 @@ the guards. On a uniform honest stream of 100,000 messages the statistic peaked 
   detector's consensus quorum (`streams.shift_quorum`: f + floor((R - f) / 2) + 1 of R live replicas, f =
   floor((R - 1) / 2)), so one peer of 3 or 4 replicas, two of 5, seven of 11. If in that step the detector
   recognises a stage-wide shift in the worker's stream (a verdict marked SHIFT: its honest majority anomalous
-  together) its statistics settle as under a blocked ban; if not, it is banned then. Honest drift reaches a
-  stage's replicas one after another: on held-out text (Python source, 12 layers, a 6 x 4 mesh, seed 21) one
+  together) its statistics settle as under a blocked ban; if not, it waits on while a peer that had not risen yet
+  rises (the wave reached another replica; at most one more step per peer), and is banned otherwise. Honest drift
+  reaches a stage's replicas one after another: on held-out text (Python source, 12 layers, a 6 x 4 mesh, seed 21) one
   replica's gradients climbed to the threshold over steps 94-97 while a peer stood at 0.32 of it, the detector
   recognised the shift at step 98, and the replica had been banned at 97. The quorum keeps attackers from holding
   each other's bans: under an honest majority an attacker has at most f - 1 colluders, fewer than the peers needed
@@ -125,7 +126,11 @@ the guards. On a uniform honest stream of 100,000 messages the statistic peaked 
   p ~ 1e-7 on one replica in steps 40-41, which banned it, while in step 41 a peer sent one at 6e-4 and the other
   two peers followed at 2e-3 to 1e-4 over steps 42-43; the peer's statistic had not moved, its message floored by
   the peers' tail that the first replica's own messages had just set. At p < 0.01 an honest peer's ordinary message
-  (2.7e-3) held a token-copying attacker on the paper mesh's text for a step (issue-18 note, stop 44);
+  (2.7e-3) held a token-copying attacker on the paper mesh's text for a step (issue-18 note, stop 44). A wave can take
+  longer than a step to reach the quorum: on held-out Perl bytes (GPT-2, 8 x 128, a 4 x 4 mesh, seed 363) stage 2's
+  activations sent flagged messages on two replicas in step 13, on one of them in steps 14-15 (which reached the
+  threshold), on a third in step 16 and on the fourth in step 17, when the detector recognised the shift; the first
+  had been banned at step 16, after one step's wait (issue-18 note, stop 52);
 - drift: a step in which the detector recognised a stage-wide shift in a stream (a verdict marked SHIFT: the
   honest majority of the sending stage anomalous together) adds nothing to that stream's senders, their statistics
   in that direction settle (at most GUARD_SHARE of the threshold: what they gathered lately was the drift's onset),
@@ -377,6 +382,10 @@ class SequentialEvidence:
         replica short of `quorum` (the consensus's, `streams.shift_quorum`), and at least one peer rose. A peer rose
         when its statistic stood at DEFER_SHARE of the threshold or above, or when it sent a message at p < FLAGGED_P
         this step (`weigh_step`'s p-values as sent)."""
+        return len(self.risen(peers, stream)) >= max(1, quorum - 2)
+
+    def risen(self, peers: list[str], stream: int) -> list[str]:
+        """Those of `peers` that rose in `stream` this step (`rising`)."""
         # this step's p-values as sent: before the peers' tail floor, which a wave's leader sets for the peers it
         # reaches next
         sent = self._sent[-1] if self._sent else {}
@@ -388,8 +397,7 @@ class SequentialEvidence:
                 top >= DEFER_SHARE * self.threshold or min(now.get(peer, [1.0])) < FLAGGED_P
             )
 
-        up = sum(map(rose, peers))
-        return up >= max(1, quorum - 2)
+        return [w for w in peers if rose(w)]
 
     def settle(self, workers: list[str], stream: int = 0) -> None:
         """The statistics of `workers` in `stream` (a stage whose ban the guard blocked) keep at most GUARD_SHARE of

@@ -551,6 +551,40 @@ def test_a_peer_that_sends_a_flagged_message_as_the_worker_reaches_the_threshold
     assert _wave(shift_next=False, peer_p=2.7e-3).banned == {"s1r0": 1}
 
 
+def _long_wave(risers: dict[int, str], shift_at: int) -> Responder:
+    """A 4-replica stage: s1r0 reaches the threshold at step 1 (three messages at p = 1e-3 a step); in each step of
+    `risers` that peer sends a message the detector would flag (p = 6e-4); at step `shift_at` the detector recognises
+    a stage-wide shift in the stream."""
+    from sentinel.detectors.base import Marker
+
+    r = Responder(ResponseConfig(), MeshControl(WorkerTable(4, 4)))
+    moderate, calm = Verdict({}, False, pvalue=1e-3), Verdict({}, False, pvalue=0.5)
+    shift = Verdict({}, False, frozenset({Marker.SHIFT}), pvalue=1e-3)
+    for s in range(shift_at + 1):
+        recs = [(_msg(s, m, 1, "s1r0"), shift if s == shift_at else moderate) for m in range(3)]
+        for i, w in enumerate(["s1r1", "s1r2", "s1r3"]):
+            recs += [(_msg(s, 3 + 3 * i + m, 1, w), calm) for m in range(2)]
+            if risers.get(s) == w:
+                recs.append((_msg(s, 12, 1, w), Verdict({}, False, pvalue=6e-4)))
+        r.end_step(s, recs)
+    return r
+
+
+def test_a_ban_waits_on_while_the_wave_reaches_another_replica():
+    """Honest drift can take several steps to reach a stage's replicas: on held-out Perl bytes (GPT-2, 8 x 128, a 4 x 4
+    mesh, seed 363) stage 2's activations sent flagged messages on s2r1 and s2r2 in step 13, on s2r1 in steps 14-15
+    (which reached the threshold), on s2r0 in step 16 and on s2r2 and s2r3 in step 17, when the detector recognised
+    the shift: s2r1 had been banned at step 16, after one step's wait. A ban that waited waits on while the wave
+    reaches a peer that had not risen yet (each wait needs another one: at most as many waits as peers); a peer that
+    rises again, or none, ends the wait."""
+    r = _long_wave({1: "s1r1", 2: "s1r2"}, shift_at=3)
+    assert r.banned == {} and r.evidence.level["s1r0", 0] <= r.evidence.threshold / 2
+    assert _long_wave({1: "s1r1"}, shift_at=3).banned == {"s1r0": 2}  # nobody new rose at step 2
+    assert _long_wave({1: "s1r1", 2: "s1r1"}, shift_at=3).banned == {"s1r0": 2}  # the same peer again
+    waves = _long_wave({1: "s1r1", 2: "s1r2", 3: "s1r3"}, shift_at=5)  # every peer rose and no shift came
+    assert waves.banned == {"s1r0": 4}
+
+
 def test_colluders_cannot_hold_a_ban():
     """The wait for the consensus needs the worker and its rising peers one replica short of the consensus's quorum
     (`streams.shift_quorum`: f + floor((R - f) / 2) + 1 of R replicas, f = floor((R - 1) / 2)). Under an honest
