@@ -303,7 +303,14 @@ class Responder:
                 if worker in self.banned:
                     continue
                 peers = self._peers(worker)
-                if self.evidence.exceeds(worker, peers, stream):
+                times = self._times(worker)
+                if (
+                    times > 1.0
+                    and self.evidence.exceeds(worker, peers, stream)
+                    and not self.evidence.exceeds(worker, peers, stream, times)
+                ):
+                    continue  # its stage has banned as many as its honest majority allows: more evidence first
+                if self.evidence.exceeds(worker, peers, stream, times):
                     drifted = (self.mesh.stage_of(worker), stream) in shifts or (worker, stream) in explained
                     risen = deferred.get((worker, stream))  # None: its ban has not waited
                     if risen is None:
@@ -394,6 +401,15 @@ class Responder:
         if p is None or stream in self._drift or (msg.sender, *stream) in self._explained:
             return
         self._pending.append((msg.sender, self.mesh.stage_of(msg.sender), int(msg.role), p))
+
+    def _times(self, worker: str) -> float:
+        """How many thresholds the worker's sequential statistic needs for a ban (sentinel/sequential.py, "budget"):
+        1 + the bans of its stage that would have to be false if it were malicious too. A stage of R founding
+        replicas holds at most max(1, floor((R - 1) / 2)) malicious ones under an honest majority, plus every worker
+        added to it since (replacements, rejoins); b bans beyond that less one leave b + 1 - budget of them honest."""
+        founders, joined, banned = self.mesh.membership(self.mesh.stage_of(worker))
+        budget = max(1, (founders - 1) // 2) + joined
+        return 1.0 + max(0, banned + 1 - budget)
 
     def _peers(self, worker: str) -> list[str]:
         return [w for w in self.mesh.live_in_stage(self.mesh.stage_of(worker)) if w != worker]

@@ -150,6 +150,17 @@ the guards. On a uniform honest stream of 100,000 messages the statistic peaked 
   was banned at step 22 while its peers' combined p-values stood at 4e-3 to 0.2 (issue-18 note, stop 51). Read as a
   shift of the whole stage, the same marker settled attackers whose flagged messages lay in another statistic than
   their stage's honest drift (held-out Perl bytes, GPT-2: steps to ban +0.75 [+0.01, +1.49] over 48 attackers);
+- budget: under an honest majority a stage of R founding replicas holds at most max(1, floor((R - 1) / 2)) malicious
+  ones, plus every worker added to it since (replacements, a banned operator rejoining under a new id). Once that many
+  of its workers are banned, banning one more means at least one earlier ban was false (probability <= alpha each), so
+  the worker's statistic needs 1 + (bans + 1 - budget) thresholds (`Responder._times`; twice the threshold right after
+  the stage's share is spent). Why: after its attacker's ban a 3-replica stage has two replicas left, too few for the
+  drift rules, the common level or the peers' guard to tell a wave from an attack. On held-out reStructuredText (BPE
+  1536, 10 x 80, a 5 x 3 mesh, seed 571) the honest s1r0 was banned at step 35, twelve steps after its stage's
+  attacker: its gradients at p ~ 5e-3 to 5e-10 over steps 31-35 while the one replica beside it rose to p ~ 1e-3
+  (issue-18 note, stop 53). The rule changes nothing before a stage's share is banned, so no attacker of a stage within
+  the honest-majority assumption waits longer; an attacker beyond it (a stage with a malicious majority) waits for
+  twice the evidence;
 - contamination: once a message of a microbatch looked anomalous (p < 0.01) in a step, the later messages
   of that microbatch (downstream activations, every gradient) carry its corruption through no fault of
   their senders: only their `relation_pvalue` (how a sender's output relates to the input it received,
@@ -363,11 +374,12 @@ class SequentialEvidence:
         """(worker, stream) whose statistic reached the threshold this step (in the order they first sent)."""
         return [k for k, s in self.peak.items() if s >= self.threshold]
 
-    def exceeds(self, worker: str, peers: list[str], stream: int = 0) -> bool:
-        """Whether the worker's statistic of `stream` reached the threshold (this step) while a strict majority of
-        its peers' (of the same stream) stayed at or below GUARD_SHARE of it all step (no peers: its own statistic
-        decides)."""
-        if self._top((worker, stream)) < self.threshold:
+    def exceeds(self, worker: str, peers: list[str], stream: int = 0, times: float = 1.0) -> bool:
+        """Whether the worker's statistic of `stream` reached `times` the threshold (this step) while a strict majority
+        of its peers' (of the same stream) stayed at or below GUARD_SHARE of the threshold all step (no peers: its own
+        statistic decides). `times` > 1: the ban would mean an earlier ban of its stage was false (the responder's
+        `_times`, the module docstring's "budget")."""
+        if self._top((worker, stream)) < times * self.threshold:
             return False
         quiet = sum(self._top((p, stream)) <= GUARD_SHARE * self.threshold for p in peers)
         return not peers or quiet >= len(peers) // 2 + 1

@@ -22,6 +22,7 @@ class WorkerTable:
 
     def __init__(self, num_stages: int, num_replicas: int):
         self.num_stages = num_stages
+        self.founders = num_replicas  # replicas each stage started with (replica indices below it)
         self.ids: list[str] = []
         self.stage: list[int] = []
         self.live: list[bool] = []
@@ -122,6 +123,13 @@ class MeshControl:
         peer comparisons may hold it to. With allreduce DP sync, the lagging workers (async stragglers) and the rest;
         with replicas whose weights diverge (`exchangeable` False), each worker alone."""
         return worker in self.lagging if self.exchangeable else worker
+
+    def membership(self, stage_idx: int) -> tuple[int, int, int]:
+        """(replicas the stage started with, workers added to it since: replacements and rejoins, workers of it that
+        are banned now)."""
+        w = self._workers
+        members = [i for i, s in enumerate(w.stage) if s == stage_idx]
+        return w.founders, len(members) - w.founders, sum(not w.live[i] for i in members)
 
     def is_live(self, worker: str) -> bool:
         return self._workers.live[self._workers.index(worker)]

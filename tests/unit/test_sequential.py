@@ -627,3 +627,28 @@ def test_a_ban_waits_only_while_the_stage_is_one_replica_short_of_a_shift(replic
     assert ev.rising(peers, 0, quorum)
     ev.level[ups[-1], 0] = 0.1 * ev.threshold
     assert not ev.rising(peers, 0, quorum)
+
+
+def _after_a_ban(**cfg) -> Responder:
+    """A 3-replica stage: s1r0 sends strong p-values in steps 0-1 (banned at step 1), then s1r1 from step 2 on while
+    s1r2 stays calm."""
+    r, mesh = _responder(**cfg)
+    strong, calm = Verdict({}, False, pvalue=1e-12), Verdict({}, False, pvalue=0.5)
+    for s in range(8):
+        bad = "s1r0" if s < 2 else "s1r1"
+        recs = [(_msg(s, m, 1, bad), strong) for m in range(2)] + [(_msg(s, 2, 1, "s1r2"), calm)]
+        r.end_step(s, recs)
+    return r
+
+
+def test_a_stage_that_banned_its_honest_majoritys_share_needs_more_evidence_for_the_next_ban():
+    """Under an honest majority a stage of R replicas holds at most max(1, floor((R - 1) / 2)) malicious ones, plus any
+    worker added to it since. Once that many of it are banned, banning another means an earlier ban was false, so its
+    statistic needs twice the threshold. On held-out reStructuredText (BPE, 10 x 80, a 5 x 3 mesh, seed 571) the honest
+    s1r0 was banned at step 35, after its stage's attacker: its gradients at p ~ 5e-3 to 5e-10 over steps 31-35 while
+    the one replica left beside it had risen only to p ~ 1e-3, too few replicas for the drift rules."""
+    r = _after_a_ban()
+    assert r.banned == {"s1r0": 1, "s1r1": 5}  # two steps to the threshold, two more to twice it
+    assert r.evidence.level["s1r2", 0] == 0.0
+    sybil = _after_a_ban(rejoin_after=1)  # s1r0's operator rejoined under a new id: the stage may hold one more
+    assert sybil.banned == {"s1r0": 1, "s1r1": 3}
