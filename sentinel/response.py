@@ -303,14 +303,9 @@ class Responder:
                 if worker in self.banned:
                     continue
                 peers = self._peers(worker)
-                times = self._times(worker)
-                if (
-                    times > 1.0
-                    and self.evidence.exceeds(worker, peers, stream)
-                    and not self.evidence.exceeds(worker, peers, stream, times)
-                ):
-                    continue  # its stage has banned as many as its honest majority allows: more evidence first
-                if self.evidence.exceeds(worker, peers, stream, times):
+                if self.evidence.exceeds(worker, peers, stream):
+                    if not self.evidence.reached(worker, stream, self._times(worker)):
+                        continue  # its stage has banned as many as its honest majority allows: more evidence first
                     drifted = (self.mesh.stage_of(worker), stream) in shifts or (worker, stream) in explained
                     risen = deferred.get((worker, stream))  # None: its ban has not waited
                     if risen is None:

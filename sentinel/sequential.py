@@ -374,19 +374,20 @@ class SequentialEvidence:
         """(worker, stream) whose statistic reached the threshold this step (in the order they first sent)."""
         return [k for k, s in self.peak.items() if s >= self.threshold]
 
-    def exceeds(self, worker: str, peers: list[str], stream: int = 0, times: float = 1.0) -> bool:
-        """Whether the worker's statistic of `stream` reached `times` the threshold (this step) while a strict majority
-        of its peers' (of the same stream) stayed at or below GUARD_SHARE of the threshold all step (no peers: its own
-        statistic decides). `times` > 1: the ban would mean an earlier ban of its stage was false (the responder's
-        `_times`, the module docstring's "budget")."""
-        if self._top((worker, stream)) < times * self.threshold:
+    def exceeds(self, worker: str, peers: list[str], stream: int = 0) -> bool:
+        """Whether the worker's statistic of `stream` reached the threshold (this step) while a strict majority of
+        its peers' (of the same stream) stayed at or below GUARD_SHARE of it all step (no peers: its own statistic
+        decides)."""
+        if self._top((worker, stream)) < self.threshold:
             return False
         quiet = sum(self._top((p, stream)) <= GUARD_SHARE * self.threshold for p in peers)
         return not peers or quiet >= len(peers) // 2 + 1
 
-    def reached(self, worker: str, stream: int = 0) -> bool:
-        """Whether the worker's statistic of `stream` reached the threshold (this step, or before and still there)."""
-        return self._top((worker, stream)) >= self.threshold
+    def reached(self, worker: str, stream: int = 0, times: float = 1.0) -> bool:
+        """Whether the worker's statistic of `stream` reached `times` the threshold (this step, or before and still
+        there). `times` > 1: a ban that would mean an earlier ban of its stage was false (the responder's `_times`, the
+        module docstring's "budget")."""
+        return self._top((worker, stream)) >= times * self.threshold
 
     def rising(self, peers: list[str], stream: int, quorum: int) -> bool:
         """Whether the worker and those of its `peers` that rose in `stream` this step, short of the threshold (a peer
