@@ -230,6 +230,22 @@ def test_one_peers_moderate_pvalues_do_not_make_a_small_stage_drift():
     assert _bans(mesh) == ["s1r0"] and r.banned["s1r0"] == 3
 
 
+def test_a_worker_does_not_make_its_own_stage_look_drifting():
+    """Quiet by the median is judged on the worker's peers' messages, not its own: a dense attacker (two extreme
+    messages a step) beside one peer whose messages sit at p = 0.03 (its mean keeps the stage from looking quiet by the
+    mean) and one at p = 1 (three a step) raised the pooled median over a uniform p's, and the attacker's messages
+    counted under the strict cap less the common level (~4 nats each: banned in three steps). Its peers' median is a
+    uniform p's: the quiet cap, banned in two (set 7: 5 x 3 mesh, random routing, about one message per replica per
+    step; issue-18 note, stop 54)."""
+    r, mesh = _responder()
+    strong, mild, calm = (Verdict({}, False, pvalue=p) for p in (1e-30, 0.03, 1.0))
+    for s in range(3):
+        recs = [(_msg(s, 0, 1, "s1r0"), strong), (_msg(s, 1, 1, "s1r0"), strong), (_msg(s, 2, 1, "s1r1"), mild)]
+        recs += [(_msg(s, 3 + m, 1, "s1r2"), calm) for m in range(3)]
+        r.end_step(s, recs)
+    assert _bans(mesh) == ["s1r0"] and r.banned["s1r0"] == 1
+
+
 def test_a_stage_whose_replicas_mostly_sent_a_far_out_message_drifts():
     """Honest tails can drift without moving a stage's mean or median: on held-out text (Python source, 12 layers,
     a 6 x 4 mesh, step ~100) every replica of a stage sent a message at p ~ 5e-5 to 4e-9 within six steps, and
