@@ -250,6 +250,7 @@ class Responder:
         self._drift: set[tuple[int, int]] = set()  # streams with a stage-wide shift this step (no evidence)
         self._explained: set[tuple[str, int, int]] = set()  # (sender, stream) whose evidence is a drift's (`_drifting`)
         self._pending: list[tuple[str, int, int, float]] = []  # this step's (sender, stage, stream, p) for the evidence
+        self._observed: list[tuple[str, int, int, float]] = []  # ... of senders whose evidence a drift explains
         # (worker, stream) whose ban waits for this step's consensus -> the peers that rose while it waited
         self._deferred: dict[tuple[str, int], frozenset[str]] = {}
         self._flagged_at: dict[str, int] = {}  # worker -> the last step it sent a flagged message
@@ -296,8 +297,10 @@ class Responder:
             shifts = {(sender_stage(b, r), r) for b, r in self._drift}  # (sending stage, direction) of each shift
             stages = {stage for _, stage, _, _ in self._pending} | {stage for stage, _ in shifts}
             explained = {(w, r) for w, _, r in self._explained}
-            self.evidence.weigh_step(self._pending, {s: self.mesh.live_in_stage(s) for s in stages}, shifts, explained)
-            self._pending = []
+            stages |= {stage for _, stage, _, _ in self._observed}
+            live = {s: self.mesh.live_in_stage(s) for s in stages}
+            self.evidence.weigh_step(self._pending, live, shifts, explained, self._observed)
+            self._pending, self._observed = [], []
             deferred, self._deferred = self._deferred, {}
             for worker, stream in [*sorted(deferred), *(k for k in self.evidence.due() if k not in deferred)]:
                 if worker in self.banned:
@@ -393,9 +396,10 @@ class Responder:
             return
         p = verdict.relation_pvalue if tainted else verdict.pvalue
         stream = (msg.boundary, int(msg.role))
-        if p is None or stream in self._drift or (msg.sender, *stream) in self._explained:
+        if p is None or stream in self._drift:
             return
-        self._pending.append((msg.sender, self.mesh.stage_of(msg.sender), int(msg.role), p))
+        got = (msg.sender, self.mesh.stage_of(msg.sender), int(msg.role), p)
+        (self._observed if (msg.sender, *stream) in self._explained else self._pending).append(got)
 
     def _times(self, worker: str) -> float:
         """How many thresholds the worker's sequential statistic needs for a ban (sentinel/sequential.py, "budget"):

@@ -125,7 +125,8 @@ the guards. On a uniform honest stream of 100,000 messages the statistic peaked 
   each other's bans: under an honest majority an attacker has at most f - 1 colluders, fewer than the peers needed
   (a peer at the threshold itself does not count either). With any one peer enough, co-attackers on a 16 x 11 mesh
   (30% malicious) held each other: median steps to ban 2.08 -> 2.58 over six runs. A peer also rises by a message
-  the detector would flag at its default level, p < FLAGGED_P (1e-3), in the step (as sent): on byte-level text with
+  the detector would flag at its default level, p < FLAGGED_P (1e-3), in the step or the one before (as sent): on
+  byte-level text with
   one layer a stage (`compression/honest_codecs.yaml`, no codec, seed 0) stage 2's gradients sent two messages at
   p ~ 1e-7 on one replica in steps 40-41, which banned it, while in step 41 a peer sent one at 6e-4 and the other
   two peers followed at 2e-3 to 1e-4 over steps 42-43; the peer's statistic had not moved, its message floored by
@@ -134,7 +135,12 @@ the guards. On a uniform honest stream of 100,000 messages the statistic peaked 
   longer than a step to reach the quorum: on held-out Perl bytes (GPT-2, 8 x 128, a 4 x 4 mesh, seed 363) stage 2's
   activations sent flagged messages on two replicas in step 13, on one of them in steps 14-15 (which reached the
   threshold), on a third in step 16 and on the fourth in step 17, when the detector recognised the shift; the first
-  had been banned at step 16, after one step's wait (issue-18 note, stop 52);
+  had been banned at step 16, after one step's wait (issue-18 note, stop 52). A replica that sends about one message a
+  step (random routing over 3 replicas) often sends none in the step its peer reaches the threshold: on held-out
+  Markdown (Node.js docs, BPE 1536, GPT-2 6 x 96, a 4 x 3 mesh, seed 851) stage 2's activations sent messages at
+  p ~ 3e-7 to 2e-5 on s2r0 in steps 14-18, one at 1e-6 on s2r2 in step 17 (its statistic floored by the peers' tail
+  that s2r0 had set) and the stage's shift was recognised in step 19; s2r0 reached the threshold in step 18, in which
+  s2r2 sent nothing, and was banned (issue-18 note, stop 55);
 - drift: a step in which the detector recognised a stage-wide shift in a stream (a verdict marked SHIFT: the
   honest majority of the sending stage anomalous together) adds nothing to that stream's senders, their statistics
   in that direction settle (at most GUARD_SHARE of the threshold: what they gathered lately was the drift's onset),
@@ -149,7 +155,12 @@ the guards. On a uniform honest stream of 100,000 messages the statistic peaked 
   `streams.Stream.statistic_drift`: the majority beyond p = 1e-2 in it, their combined evidence short of the
   consensus's level) settles, and adds nothing to, the stream's senders that sent only accepted messages in it that
   step: the drift's participants; a sender flagged there in that step stands beyond the drift and keeps its evidence,
-  and no drifting period follows. On held-out C-header bytes (the built-in model, 8 x 96, a 4 x 3 mesh, seed 463) a
+  and no drifting period follows. The participants' messages stay the stage's traffic (`weigh_step`'s `observed`):
+  they set its common level, its quiet tests and its peers' tail as any message does. Left out, they took the drift
+  out of the stage's record: on held-out Markdown (GPT-2, as above, seed 852) stage 2's activations drifted in one
+  statistic over steps 19-21, the peers' messages were explained, the stage looked quiet on their earlier calm ones,
+  and the replica beyond the drift (p ~ 3e-8 to 2e-5) gained half the threshold a message and was banned at step 21
+  (issue-18 note, stop 55). On held-out C-header bytes (the built-in model, 8 x 96, a 4 x 3 mesh, seed 463) a
   stage's `match` rose on all three replicas over steps 20-24, the first one reached sent messages at p ~ 1e-8 and
   was banned at step 22 while its peers' combined p-values stood at 4e-3 to 0.2 (issue-18 note, stop 51). Read as a
   shift of the whole stage, the same marker settled attackers whose flagged messages lay in another statistic than
@@ -196,7 +207,8 @@ PEER_HORIZON = 30  # steps over which a message's peers' rate of messages as far
 OWN_HORIZON = 10  # ... and the worker's own rate (its current one: an attacker's honest past does not dilute it)
 PEER_EVENTS = 2  # ... counted for a peer that sent such messages in this many steps (one event is not yet a rate)
 ANOMALOUS = 0.01  # a message with p below this taints the rest of its microbatch's path (this step)
-FLAGGED_P = 1e-3  # a peer that sent a message this far out in the step rises (`rising`): the default flag level
+FLAGGED_P = 1e-3  # a peer that sent a message this far out lately rises (`rising`): the default flag level
+RISE_STEPS = 2  # ... lately: in this step or the previous one
 
 
 def log_evalue(p: float) -> float:
@@ -261,13 +273,15 @@ class SequentialEvidence:
         live: Mapping[int, Iterable[str]],
         shifts: Iterable[tuple[int, int]] = (),
         explained: Iterable[tuple[str, int]] = (),
+        observed: Iterable[tuple[str, int, int, float]] = (),
     ) -> None:
         """`update` with one step's messages, (worker, stage, stream, p) in order, less each stream's common level.
         `shifts`: the (stage, stream) pairs in which the detector recognised a stage-wide shift this step (their
         messages are not among `messages`): their live replicas' statistics settle, and they drift for DRIFT_HORIZON
         steps (the module docstring's "drift"). `explained`: (worker, stream) whose evidence this step is a drift in
         one statistic that the detector recognised (their messages of that stream are not among `messages` either):
-        those statistics settle.
+        those statistics settle. `observed`: those messages, (worker, stage, stream, p) as `messages`: they update
+        nobody, but they are the stage's traffic, so its common level, its quiet tests and its peers' tail see them.
 
         A stage's common level in a stream is the highest c such that a strict majority of its live replicas (`live`:
         stage -> workers) averaged at least UNIFORM + c nats per message (capped) over the last DRIFT_HORIZON steps: how
@@ -293,7 +307,7 @@ class SequentialEvidence:
         shifted = set().union(*self._shifts)  # recognised shifts of the horizon
         now: dict[tuple[int, int], dict[str, list[float]]] = {}
         sent: dict[tuple[int, int], dict[str, list[float]]] = {}
-        for worker, stage, stream, p in messages:
+        for worker, stage, stream, p in itertools.chain(messages, observed):
             now.setdefault((stage, stream), {}).setdefault(worker, []).append(min(log_evalue(p), self.message_cap))
             sent.setdefault((stage, stream), {}).setdefault(worker, []).append(p)
         self._history.append(now)
@@ -401,15 +415,19 @@ class SequentialEvidence:
         at it is judged itself: two attackers that reach it together do not hold each other's ban), are at most one
         replica short of `quorum` (the consensus's, `streams.shift_quorum`), and at least one peer rose. A peer rose
         when its statistic stood at DEFER_SHARE of the threshold or above, or when it sent a message at p < FLAGGED_P
-        this step (`weigh_step`'s p-values as sent)."""
+        in the last RISE_STEPS steps, this one included (`weigh_step`'s p-values as sent)."""
         return len(self.risen(peers, stream)) >= max(1, quorum - 2)
 
     def risen(self, peers: list[str], stream: int) -> list[str]:
         """Those of `peers` that rose in `stream` this step (`rising`)."""
-        # this step's p-values as sent: before the peers' tail floor, which a wave's leader sets for the peers it
-        # reaches next
-        sent = self._sent[-1] if self._sent else {}
-        now = {w: ps for (_, k), by in sent.items() if k == stream for w, ps in by.items()}
+        # the last RISE_STEPS steps' p-values as sent: before the peers' tail floor, which a wave's leader sets for the
+        # peers it reaches next
+        now: dict[str, list[float]] = {}
+        for sent in itertools.islice(self._sent, max(0, len(self._sent) - RISE_STEPS), None):
+            for (_, k), by in sent.items():
+                if k == stream:
+                    for w, ps in by.items():
+                        now.setdefault(w, []).extend(ps)
 
         def rose(peer: str) -> bool:
             top = self._top((peer, stream))

@@ -522,10 +522,10 @@ def test_an_attacker_with_an_honest_past_is_judged_by_its_current_rate():
     assert r.banned["s1r0"] <= 1
 
 
-def _wave(shift_next: bool, peer_p: float = 1e-5) -> Responder:
+def _wave(shift_next: bool, peer_p: float = 1e-5, peer_step: int = 1) -> Responder:
     """s1r0's activations reach the threshold at step 1 (three messages at p = 1e-3 a step, a quiet stage) while, in
-    that step, its peer s1r1 sends one message at `peer_p`; at step 2 the detector recognises a stage-wide shift in
-    the stream (`shift_next`), or s1r0 goes on as before."""
+    step `peer_step`, its peer s1r1 sends one message at `peer_p`; at step 2 the detector recognises a stage-wide shift
+    in the stream (`shift_next`), or s1r0 goes on as before."""
     from sentinel.detectors.base import Marker
 
     r, _ = _responder()
@@ -535,7 +535,7 @@ def _wave(shift_next: bool, peer_p: float = 1e-5) -> Responder:
         mine = shift if s == 2 and shift_next else moderate
         recs = [(_msg(s, m, 1, "s1r0"), mine) for m in range(3)]
         recs += [(_msg(s, 3 + m, 1, "s1r1"), calm) for m in range(3)]  # quiet peers (the stage's level stays put)
-        recs += [(_msg(s, 6, 1, "s1r1"), Verdict({}, False, pvalue=peer_p) if s == 1 else calm)]
+        recs += [(_msg(s, 6, 1, "s1r1"), Verdict({}, False, pvalue=peer_p) if s == peer_step else calm)]
         recs += [(_msg(s, 7 + m, 1, "s1r2"), calm) for m in range(4)]
         r.end_step(s, recs)
     return r
@@ -565,6 +565,68 @@ def test_a_peer_that_sends_a_flagged_message_as_the_worker_reaches_the_threshold
     assert _wave(shift_next=True, peer_p=6e-4).banned == {}
     assert _wave(shift_next=False, peer_p=6e-4).banned == {"s1r0": 2}
     assert _wave(shift_next=False, peer_p=2.7e-3).banned == {"s1r0": 1}
+
+
+def test_a_peer_that_sent_a_flagged_message_in_the_step_before_rises_too():
+    """A replica of a 3-replica stage sends about one message a step, and often none in the step its peer reaches the
+    threshold: on held-out Markdown (GPT-2, a 4 x 3 mesh, seed 851) s2r2 sent a message at p ~ 1e-6 in step 17, none in
+    step 18, when s2r0 reached the threshold and was banned, a step before the detector recognised the stage's shift. A
+    message the detector would flag in the step before counts as in the step; two steps before, it does not."""
+    assert _wave(shift_next=True, peer_p=6e-4, peer_step=0).banned == {}
+    assert _wave(shift_next=False, peer_p=6e-4, peer_step=0).banned == {"s1r0": 2}
+
+    def two_steps_before() -> Responder:  # the same, a step later: s1r0 reaches the threshold at step 2
+        from sentinel.detectors.base import Marker
+
+        r, _ = _responder()
+        moderate, calm = Verdict({}, False, pvalue=1e-3), Verdict({}, False, pvalue=0.5)
+        for s in range(4):
+            mine = Verdict({}, False, frozenset({Marker.SHIFT}), pvalue=1e-3) if s == 3 else moderate
+            recs = [(_msg(s, m, 1, "s1r0"), mine if s > 0 else calm) for m in range(3)]
+            recs += [(_msg(s, 3 + m, 1, "s1r1"), calm) for m in range(3)]
+            recs += [(_msg(s, 6, 1, "s1r1"), Verdict({}, False, pvalue=6e-4) if s == 0 else calm)]
+            recs += [(_msg(s, 7 + m, 1, "s1r2"), calm) for m in range(4)]
+            r.end_step(s, recs)
+        return r
+
+    assert two_steps_before().banned == {"s1r0": 2}
+
+
+def test_a_drifts_participants_stay_their_stages_traffic():
+    """The senders whose evidence a recognised drift in one statistic explains (a verdict marked DRIFT) settle, but
+    their messages stay in the stage's record: its common level and quiet tests see the drift. Left out, the stage
+    looked quiet on the peers' earlier calm messages, and the replica beyond the drift gained half the threshold a
+    message: on held-out Markdown (GPT-2, a 4 x 3 mesh, seed 852) an honest replica at p ~ 3e-8 to 2e-5 over steps
+    19-21 while its peers' messages were explained, banned at step 21."""
+    from sentinel.sequential import SequentialEvidence
+
+    def lead_after(observed: bool) -> float:
+        ev = SequentialEvidence(1e-8)
+        live = {1: ["s1r0", "s1r1", "s1r2"]}
+        calm = [(w, 1, 0, 0.5) for w in live[1] for _ in range(2)]
+        for _ in range(2):
+            ev.begin_step()
+            ev.weigh_step(calm, live)
+        peers = [(w, 1, 0, 2e-3) for w in ("s1r1", "s1r2") for _ in range(2)]  # the drift, accepted and marked
+        explained = [("s1r1", 0), ("s1r2", 0)]
+        for lead in ([("s1r0", 1, 0, 0.5)], [("s1r0", 1, 0, 1e-7)]):  # two steps of drift; the lead far out in the second
+            ev.begin_step()
+            ev.weigh_step(lead, live, explained=explained, observed=peers if observed else ())
+        return ev.level["s1r0", 0] / ev.threshold
+
+    assert lead_after(observed=False) == 0.5  # a quiet stage: the cap of one quiet message
+    assert lead_after(observed=True) < 1 / 3  # a drifting stage: the strict cap, less the common level
+
+    from sentinel.detectors.base import Marker
+
+    r, _ = _responder()
+    calm, lead = Verdict({}, False, pvalue=0.5), Verdict({}, True, pvalue=1e-7)  # flagged: beyond the drift
+    drift = Verdict({}, False, frozenset({Marker.DRIFT}), pvalue=2e-3)
+    for s in range(5):
+        recs = [(_msg(s, 0, 1, "s1r0"), lead if s >= 2 else calm)]
+        recs += [(_msg(s, 1 + m, 1, w), drift if s >= 2 else calm) for m, w in enumerate(["s1r1", "s1r2"] * 2)]
+        r.end_step(s, recs)
+    assert r.banned == {} and ("s1r1", 1, 0) in r._explained
 
 
 def _long_wave(risers: dict[int, str], shift_at: int) -> Responder:
