@@ -609,7 +609,7 @@ def test_a_drifts_participants_stay_their_stages_traffic():
             ev.weigh_step(calm, live)
         peers = [(w, 1, 0, 2e-3) for w in ("s1r1", "s1r2") for _ in range(2)]  # the drift, accepted and marked
         explained = [("s1r1", 0), ("s1r2", 0)]
-        for lead in ([("s1r0", 1, 0, 0.5)], [("s1r0", 1, 0, 1e-7)]):  # two steps of drift; the lead far out in the second
+        for lead in ([("s1r0", 1, 0, 0.5)], [("s1r0", 1, 0, 1e-7)]):  # two drift steps, the lead far out in the 2nd
             ev.begin_step()
             ev.weigh_step(lead, live, explained=explained, observed=peers if observed else ())
         return ev.level["s1r0", 0] / ev.threshold
