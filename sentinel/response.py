@@ -295,9 +295,8 @@ class Responder:
                 self._record(msg, verdict)
         if self.evidence is not None:  # every peer's evidence of the step is in: the guard does not depend on order
             shifts = {(sender_stage(b, r), r) for b, r in self._drift}  # (sending stage, direction) of each shift
-            stages = {stage for _, stage, _, _ in self._pending} | {stage for stage, _ in shifts}
+            stages = {stage for _, stage, _, _ in (*self._pending, *self._observed)} | {stage for stage, _ in shifts}
             explained = {(w, r) for w, _, r in self._explained}
-            stages |= {stage for _, stage, _, _ in self._observed}
             live = {s: self.mesh.live_in_stage(s) for s in stages}
             self.evidence.weigh_step(self._pending, live, shifts, explained, self._observed)
             self._pending, self._observed = [], []
