@@ -141,30 +141,35 @@ the guards. On a uniform honest stream of 100,000 messages the statistic peaked 
   p ~ 3e-7 to 2e-5 on s2r0 in steps 14-18, one at 1e-6 on s2r2 in step 17 (its statistic floored by the peers' tail
   that s2r0 had set) and the stage's shift was recognised in step 19; s2r0 reached the threshold in step 18, in which
   s2r2 sent nothing, and was banned (issue-18 note, stop 55);
-- drift: a step in which the detector recognised a stage-wide shift in a stream (a verdict marked SHIFT: the
-  honest majority of the sending stage anomalous together) adds nothing to that stream's senders, their statistics
-  in that direction settle (at most GUARD_SHARE of the threshold: what they gathered lately was the drift's onset),
-  and the stage counts as drifting for the next DRIFT_HORIZON steps (the strict cap per message, less the common
-  level). On held-out text (HTML bytes, 12 layers, a 6 x 4 mesh, seed 161) a stage's activations drifted over steps
-  84-93: random routing gave one replica 11 of the stage's 24 messages in steps 86-91, two of them at p ~ 1e-5 and
-  three at 2e-3 to 5e-5, while its peers sent a few at 1e-2 to 4e-4; the detector recognised the shift at step 90,
-  and at step 91 one more message at 6e-6 banned the replica (its peers' statistics at 0, 0 and 0.23, so the guard
-  let it through). The consensus needs an honest majority anomalous together, which no malicious minority can
-  produce in its own stream (`streams.Stream.stage_shift`), so an attacker's evidence settles only where its honest
-  peers drift as well. A step in which the detector recognised a drift in one statistic (a verdict marked DRIFT,
-  `streams.Stream.statistic_drift`: the majority beyond p = 1e-2 in it, their combined evidence short of the
-  consensus's level) settles, and adds nothing to, the stream's senders that sent only accepted messages in it that
-  step: the drift's participants; a sender flagged there in that step stands beyond the drift and keeps its evidence,
-  and no drifting period follows. The participants' messages stay the stage's traffic (`weigh_step`'s `observed`):
-  they set its common level, its quiet tests and its peers' tail as any message does. Left out, they took the drift
-  out of the stage's record: on held-out Markdown (GPT-2, as above, seed 852) stage 2's activations drifted in one
-  statistic over steps 19-21, the peers' messages were explained, the stage looked quiet on their earlier calm ones,
-  and the replica beyond the drift (p ~ 3e-8 to 2e-5) gained half the threshold a message and was banned at step 21
-  (issue-18 note, stop 55). On held-out C-header bytes (the built-in model, 8 x 96, a 4 x 3 mesh, seed 463) a
-  stage's `match` rose on all three replicas over steps 20-24, the first one reached sent messages at p ~ 1e-8 and
-  was banned at step 22 while its peers' combined p-values stood at 4e-3 to 0.2 (issue-18 note, stop 51). Read as a
-  shift of the whole stage, the same marker settled attackers whose flagged messages lay in another statistic than
-  their stage's honest drift (held-out Perl bytes, GPT-2: steps to ban +0.75 [+0.01, +1.49] over 48 attackers);
+- drift: a step in which the detector recognised a stage-wide shift in a stream (a verdict marked SHIFT: the honest
+  majority of the sending stage anomalous together) adds nothing to that stream's senders, their statistics in that
+  direction settle (at most GUARD_SHARE of the threshold: what they gathered lately was the drift's onset), and the
+  stage counts as drifting for the next DRIFT_HORIZON steps (the strict cap per message, less the common level). Its
+  peers' tail restarts: the far-out messages the stage sent before were the shift's onset, which the windows have
+  learned since, not the rate its traffic shows now. Kept, one honest replica's two messages at p ~ 3e-5 in steps
+  12-13 (held-out C-header bytes, the built-in model 6 x 48 on a 6 x 3 mesh, seed 902; shift recognised at step 17)
+  floored an attacker's activations from step 20, every message flagged at p ~ 1e-7 to 1e-13, to p ~ 1e-2, and the
+  peer test banned it 14 steps in instead of 2 (issue-18 note, stop 56). On held-out text (HTML bytes, 12 layers, a 6
+  x 4 mesh, seed 161) a stage's activations drifted over steps 84-93: random routing gave one replica 11 of the
+  stage's 24 messages in steps 86-91, two of them at p ~ 1e-5 and three at 2e-3 to 5e-5, while its peers sent a few at
+  1e-2 to 4e-4; the detector recognised the shift at step 90, and at step 91 one more message at 6e-6 banned the
+  replica (its peers' statistics at 0, 0 and 0.23, so the guard let it through). The consensus needs an honest
+  majority anomalous together, which no malicious minority can produce in its own stream
+  (`streams.Stream.stage_shift`), so an attacker's evidence settles only where its honest peers drift as well. A step
+  in which the detector recognised a drift in one statistic (a verdict marked DRIFT, `streams.Stream.statistic_drift`:
+  the majority beyond p = 1e-2 in it, their combined evidence short of the consensus's level) settles, and adds
+  nothing to, the stream's senders that sent only accepted messages in it that step: the drift's participants; a
+  sender flagged there in that step stands beyond the drift and keeps its evidence, and no drifting period follows.
+  The participants' messages stay the stage's traffic (`weigh_step`'s `observed`): they set its common level, its
+  quiet tests and its peers' tail as any message does. Left out, they took the drift out of the stage's record: on
+  held-out Markdown (GPT-2, as above, seed 852) stage 2's activations drifted in one statistic over steps 19-21, the
+  peers' messages were explained, the stage looked quiet on their earlier calm ones, and the replica beyond the drift
+  (p ~ 3e-8 to 2e-5) gained half the threshold a message and was banned at step 21 (issue-18 note, stop 55). On
+  held-out C-header bytes (the built-in model, 8 x 96, a 4 x 3 mesh, seed 463) a stage's `match` rose on all three
+  replicas over steps 20-24, the first one reached sent messages at p ~ 1e-8 and was banned at step 22 while its
+  peers' combined p-values stood at 4e-3 to 0.2 (issue-18 note, stop 51). Read as a shift of the whole stage, the same
+  marker settled attackers whose flagged messages lay in another statistic than their stage's honest drift (held-out
+  Perl bytes, GPT-2: steps to ban +0.75 [+0.01, +1.49] over 48 attackers);
 - budget: under an honest majority a stage of R founding replicas holds at most max(1, floor((R - 1) / 2)) malicious
   ones, plus every worker added to it since (replacements, a banned operator rejoining under a new id). Once that many
   of its workers are banned, banning one more means at least one earlier ban was false (probability <= alpha each), so
@@ -277,11 +282,12 @@ class SequentialEvidence:
     ) -> None:
         """`update` with one step's messages, (worker, stage, stream, p) in order, less each stream's common level.
         `shifts`: the (stage, stream) pairs in which the detector recognised a stage-wide shift this step (their
-        messages are not among `messages`): their live replicas' statistics settle, and they drift for DRIFT_HORIZON
-        steps (the module docstring's "drift"). `explained`: (worker, stream) whose evidence this step is a drift in
-        one statistic that the detector recognised (their messages of that stream are not among `messages` either):
-        those statistics settle. `observed`: those messages, (worker, stage, stream, p) as `messages`: they update
-        nobody, but they are the stage's traffic, so its common level, its quiet tests and its peers' tail see them.
+        messages are not among `messages`): their live replicas' statistics settle, their peers' tail restarts, and they
+        drift for DRIFT_HORIZON steps (the module docstring's "drift"). `explained`: (worker, stream) whose evidence
+        this step is a drift in one statistic that the detector recognised (their messages of that stream are not among
+        `messages` either): those statistics settle. `observed`: those messages, (worker, stage, stream, p) as
+        `messages`: they update nobody, but they are the stage's traffic, so its common level, its quiet tests and its
+        peers' tail see them.
 
         A stage's common level in a stream is the highest c such that a strict majority of its live replicas (`live`:
         stage -> workers) averaged at least UNIFORM + c nats per message (capped) over the last DRIFT_HORIZON steps: how
@@ -302,6 +308,8 @@ class SequentialEvidence:
         self._shifts.append(set(shifts))
         for stage, stream in self._shifts[-1]:
             self.settle(list(live.get(stage, ())), stream)
+            for past in self._sent:  # the far-out messages before it were the shift's onset, not its rate now
+                past.pop((stage, stream), None)
         for worker, stream in explained:
             self.settle([worker], stream)
         shifted = set().union(*self._shifts)  # recognised shifts of the horizon

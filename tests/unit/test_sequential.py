@@ -460,6 +460,34 @@ def test_a_recognised_shift_settles_its_stream_and_the_stage_drifts_after_it():
     assert r.banned == {} and r.evidence.level["s1r0", 0] <= r.evidence.threshold * (1 / 2 + 1 / 3)
 
 
+def test_a_recognised_shift_ends_its_stages_peers_tail():
+    """The far-out messages a stage sent before the detector recognised its shift were the drift's onset: the windows
+    have learned the new regime since, so they are not the rate the stage's traffic shows now. On held-out C-header
+    bytes (the built-in model, 6 x 48, a 6 x 3 mesh, seed 902) one honest replica's activations sent two messages at p ~
+    3e-5 in steps 12-13, the stage's shift was recognised at step 17, and from step 20 an attacker's messages at p ~
+    1e-7 to 1e-13 (every one flagged) were floored to p ~ 1e-2 by that rate, and banned 14 steps in by the peer test
+    instead of 2. Here a peer sends far-out messages in steps 0 and 1, the shift is recognised at step 2, and s1r0
+    sends two far-out messages a step from step 9: banned at step 10, as in a stage without the peer's past; without
+    the shift the peer's tail floors them."""
+    from sentinel.detectors.base import Marker
+
+    def run(shift: bool) -> Responder:
+        r, _ = _responder()
+        far, calm = Verdict({}, False, pvalue=1e-9), Verdict({}, False, pvalue=0.5)
+        tail = Verdict({}, False, pvalue=1e-5)  # the peer's: beyond TAIL_P, two of them short of a ban
+        marked = Verdict({}, False, frozenset({Marker.SHIFT}), pvalue=1e-3)
+        for s in range(12):
+            peer = tail if s < 2 else marked if shift and s == 2 else calm
+            recs = [(_msg(s, 0, 1, "s1r1"), peer), (_msg(s, 1, 1, "s1r2"), calm)]
+            recs += [(_msg(s, 2 + m, 1, "s1r0"), far if s >= 9 else calm) for m in range(2)]
+            r.end_step(s, recs)
+        return r
+
+    assert run(shift=True).banned == {"s1r0": 10}
+    r = run(shift=False)
+    assert "s1r0" not in r.banned and r.evidence.level["s1r0", 0] < r.evidence.threshold
+
+
 def test_contaminated_messages_count_only_their_relation_evidence():
     """Downstream of an anomalous message of the same microbatch, only the relation p-value counts."""
     r, mesh = _responder()
