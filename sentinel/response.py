@@ -310,16 +310,15 @@ class Responder:
                         continue  # its stage has banned as many as its honest majority allows: more evidence first
                     drifted = (self.mesh.stage_of(worker), stream) in shifts or (worker, stream) in explained
                     risen = deferred.get((worker, stream))  # None: its ban has not waited
-                    if risen is None:
-                        if self.evidence.rising(peers, stream, shift_quorum(len(peers) + 1)):
-                            # the stage is one replica short of a shift: wait a step
-                            self._deferred[worker, stream] = frozenset(self.evidence.risen(peers, stream))
-                        else:
-                            self.ban(worker, step, by="sequential")
-                    elif drifted:
-                        self.evidence.settle([worker, *peers], stream)  # the drift reached it first: not evidence
-                    elif fresh := set(self.evidence.risen(peers, stream)) - risen:
-                        self._deferred[worker, stream] = risen | fresh  # the wave reached another replica: wait on
+                    if risen is None:  # every ban waits a step: the worker may be the first replica of a wave
+                        self._deferred[worker, stream] = frozenset(self.evidence.risen(peers, stream))
+                        continue
+                    now = risen | set(self.evidence.risen(peers, stream))
+                    if drifted or len(now) + 1 >= shift_quorum(len(peers) + 1):
+                        # the drift reached it first, or the wave reached the consensus's quorum: not evidence
+                        self.evidence.settle([worker, *peers], stream)
+                    elif now - risen:
+                        self._deferred[worker, stream] = now  # the wave reached another replica: wait on
                     else:
                         self.ban(worker, step, by="sequential")
                 elif self.evidence.reached(worker, stream):  # a majority of the stage stood out too: drift, not

@@ -112,35 +112,41 @@ the guards. On a uniform honest stream of 100,000 messages the statistic peaked 
   their own pace they cross the threshold one by one once the majority is quiet again (the same mesh, with
   a cap per message: six honest replicas banned within a step, seven steps after the jump). An attacker
   caught in such a step keeps half of its evidence;
-- defer: a worker that reaches the threshold while enough of its peers stand at DEFER_SHARE (a quarter) of it or
-  above, short of it, waits one step. Enough: the worker and those peers are at most one replica short of the
-  detector's consensus quorum (`streams.shift_quorum`: f + floor((R - f) / 2) + 1 of R live replicas, f =
-  floor((R - 1) / 2)), so one peer of 3 or 4 replicas, two of 5, seven of 11. If in that step the detector
-  recognises a stage-wide shift in the worker's stream (a verdict marked SHIFT: its honest majority anomalous
-  together) its statistics settle as under a blocked ban; if not, it waits on while a peer that had not risen yet
-  rises (the wave reached another replica; at most one more step per peer), and is banned otherwise. Honest drift
-  reaches a stage's replicas one after another: on held-out text (Python source, 12 layers, a 6 x 4 mesh, seed 21) one
-  replica's gradients climbed to the threshold over steps 94-97 while a peer stood at 0.32 of it, the detector
-  recognised the shift at step 98, and the replica had been banned at 97. The quorum keeps attackers from holding
-  each other's bans: under an honest majority an attacker has at most f - 1 colluders, fewer than the peers needed
-  (a peer at the threshold itself does not count either). With any one peer enough, co-attackers on a 16 x 11 mesh
-  (30% malicious) held each other: median steps to ban 2.08 -> 2.58 over six runs. A peer also rises by a message
-  the detector would flag at its default level, p < FLAGGED_P (1e-3), in the step or the one before (as sent): on
-  byte-level text with
-  one layer a stage (`compression/honest_codecs.yaml`, no codec, seed 0) stage 2's gradients sent two messages at
-  p ~ 1e-7 on one replica in steps 40-41, which banned it, while in step 41 a peer sent one at 6e-4 and the other
-  two peers followed at 2e-3 to 1e-4 over steps 42-43; the peer's statistic had not moved, its message floored by
-  the peers' tail that the first replica's own messages had just set. At p < 0.01 an honest peer's ordinary message
-  (2.7e-3) held a token-copying attacker on the paper mesh's text for a step (issue-18 note, stop 44). A wave can take
-  longer than a step to reach the quorum: on held-out Perl bytes (GPT-2, 8 x 128, a 4 x 4 mesh, seed 363) stage 2's
+- defer: every worker that reaches the threshold waits one step, for its stage's consensus. Honest drift reaches a
+  stage's replicas one after another, and its first replica can reach the threshold before any peer has moved: on
+  held-out man pages (the built-in model, 12 x 64, a 6 x 4 mesh, seed 943) s1r2's gradients at p ~ 4e-3, 8e-8 and
+  6e-6 in steps 57-59 of a quiet stage banned it at step 60, and its three peers sent messages at p ~ 2e-5 to 2e-7
+  over steps 61-64 (issue-18 note, stop 56). If in the step it waits the detector recognises a stage-wide shift in the
+  worker's stream (a verdict marked SHIFT: its honest majority anomalous together), or the worker and the peers that
+  rose (when it reached the threshold or since) make the detector's consensus quorum (`streams.shift_quorum`: f +
+  floor((R - f) / 2) + 1 of R live replicas, f = floor((R - 1) / 2): 3 of 3 or 4, 4 of 5, 8 of 11), its statistics
+  and its peers' settle as under a blocked ban; if a peer that had not risen yet rises, it waits on (the wave reached
+  another replica; at most one more step per peer); otherwise it is banned, a step after it reached the threshold (or
+  not, if its statistic fell back under it). A peer rose when its statistic stands at DEFER_SHARE (a quarter) of the
+  threshold or above, short of it (a peer at the threshold is judged itself), or when it sent a message the detector
+  would flag at its default level, p < FLAGGED_P (1e-3), in the step or the one before (as sent). The cost is a step
+  on every ban: on held-out C-header bytes (the built-in model 6 x 48 on a 6 x 3 mesh and a Qwen2 4 x 96 on 4 x 3, 120
+  attackers) +1.24 [+1.02, +1.45] and +0.75 [+0.35, +1.15] steps to ban (issue-18 note, stop 57). Until stop 57 a ban
+  waited only while the rising peers left the stage one replica short of the quorum, which missed a wave's first
+  replica whose peers had not moved yet (the man-page run above, and one in 18 honest runs of held-out set 8).
+  Honest waves took longer still: on held-out text (Python source, 12 layers, a 6 x 4 mesh, seed 21) one replica's
+  gradients climbed to the threshold over steps 94-97 while a peer stood at 0.32 of it, and the detector recognised
+  the shift at step 98. The quorum keeps attackers from holding each other's bans: under an honest majority an
+  attacker has at most f - 1 colluders, fewer than the peers needed, and a colluder rising in the step its ban waits
+  holds it one more step at most. With any one peer enough, co-attackers on a 16 x 11 mesh (30% malicious) held each
+  other: median steps to ban 2.08 -> 2.58 over six runs. A flagged message is a rise because the wave's first replica
+  sets the peers' tail that floors the next one's messages: on byte-level text with one layer a stage
+  (`compression/honest_codecs.yaml`, no codec, seed 0) stage 2's gradients sent two messages at p ~ 1e-7 on one
+  replica in steps 40-41, which banned it, while in step 41 a peer sent one at 6e-4 (its statistic unmoved) and the
+  other two peers followed at 2e-3 to 1e-4 over steps 42-43. At p < 0.01 an honest peer's ordinary message (2.7e-3)
+  held a token-copying attacker on the paper mesh's text for a step (issue-18 note, stop 44). A wave can take longer
+  than a step to reach the quorum: on held-out Perl bytes (GPT-2, 8 x 128, a 4 x 4 mesh, seed 363) stage 2's
   activations sent flagged messages on two replicas in step 13, on one of them in steps 14-15 (which reached the
-  threshold), on a third in step 16 and on the fourth in step 17, when the detector recognised the shift; the first
-  had been banned at step 16, after one step's wait (issue-18 note, stop 52). A replica that sends about one message a
-  step (random routing over 3 replicas) often sends none in the step its peer reaches the threshold: on held-out
-  Markdown (Node.js docs, BPE 1536, GPT-2 6 x 96, a 4 x 3 mesh, seed 851) stage 2's activations sent messages at
-  p ~ 3e-7 to 2e-5 on s2r0 in steps 14-18, one at 1e-6 on s2r2 in step 17 (its statistic floored by the peers' tail
-  that s2r0 had set) and the stage's shift was recognised in step 19; s2r0 reached the threshold in step 18, in which
-  s2r2 sent nothing, and was banned (issue-18 note, stop 55);
+  threshold), on a third in step 16 and on the fourth in step 17, when the detector recognised the shift (issue-18
+  note, stop 52). A replica that sends about one message a step (random routing over 3 replicas) often sends none in
+  the step its peer reaches the threshold, hence the step before: on held-out Markdown (Node.js docs, BPE 1536, GPT-2
+  6 x 96, a 4 x 3 mesh, seed 851) s2r2 sent a message at 1e-6 in step 17 and none in step 18, when s2r0 reached the
+  threshold, a step before the stage's shift was recognised (issue-18 note, stop 55);
 - drift: a step in which the detector recognised a stage-wide shift in a stream (a verdict marked SHIFT: the honest
   majority of the sending stage anomalous together) adds nothing to that stream's senders, their statistics in that
   direction settle (at most GUARD_SHARE of the threshold: what they gathered lately was the drift's onset), and the
@@ -206,13 +212,13 @@ UNIFORM = math.log(KAPPA) + 1.0 - KAPPA
 UNIFORM_MEDIAN = math.log(KAPPA) + (1.0 - KAPPA) * math.log(2.0)  # ... and its median (-2.34)
 SPREAD = 1.0 - KAPPA  # ... and its standard deviation (0.95 nats: -log p of a uniform p is Exp(1))
 GUARD_SHARE = 0.5  # a peer "stands out too" above this share of the threshold (at it: one quiet message)
-DEFER_SHARE = 0.25  # a ban waits a step for the consensus while enough peers stand at this share (`rising`)
+DEFER_SHARE = 0.25  # a peer whose statistic stands at this share of the threshold has risen (`risen`)
 TAIL_P = 1e-4  # a stage most of whose replicas sent a message this far out lately drifts (`weigh_step`)
 PEER_HORIZON = 30  # steps over which a message's peers' rate of messages as far out is measured (`weigh_step`)
 OWN_HORIZON = 10  # ... and the worker's own rate (its current one: an attacker's honest past does not dilute it)
 PEER_EVENTS = 2  # ... counted for a peer that sent such messages in this many steps (one event is not yet a rate)
 ANOMALOUS = 0.01  # a message with p below this taints the rest of its microbatch's path (this step)
-FLAGGED_P = 1e-3  # a peer that sent a message this far out lately rises (`rising`): the default flag level
+FLAGGED_P = 1e-3  # a peer that sent a message this far out lately has risen (`risen`): the default flag level
 RISE_STEPS = 2  # ... lately: in this step or the previous one
 
 
@@ -418,16 +424,11 @@ class SequentialEvidence:
         module docstring's "budget")."""
         return self._top((worker, stream)) >= times * self.threshold
 
-    def rising(self, peers: list[str], stream: int, quorum: int) -> bool:
-        """Whether the worker and those of its `peers` that rose in `stream` this step, short of the threshold (a peer
-        at it is judged itself: two attackers that reach it together do not hold each other's ban), are at most one
-        replica short of `quorum` (the consensus's, `streams.shift_quorum`), and at least one peer rose. A peer rose
-        when its statistic stood at DEFER_SHARE of the threshold or above, or when it sent a message at p < FLAGGED_P
-        in the last RISE_STEPS steps, this one included (`weigh_step`'s p-values as sent)."""
-        return len(self.risen(peers, stream)) >= max(1, quorum - 2)
-
     def risen(self, peers: list[str], stream: int) -> list[str]:
-        """Those of `peers` that rose in `stream` this step (`rising`)."""
+        """Those of `peers` that rose in `stream` this step, short of the threshold (a peer at it is judged itself: two
+        attackers that reach it together do not hold each other's ban). A peer rose when its statistic stood at
+        DEFER_SHARE of the threshold or above, or when it sent a message at p < FLAGGED_P in the last RISE_STEPS steps,
+        this one included (`weigh_step`'s p-values as sent)."""
         # the last RISE_STEPS steps' p-values as sent: before the peers' tail floor, which a wave's leader sets for the
         # peers it reaches next
         now: dict[str, list[float]] = {}

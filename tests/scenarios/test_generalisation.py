@@ -53,12 +53,14 @@ def test_a_token_copied_from_its_neighbour_is_banned_within_five_steps(role):
     are alike: the copy still points roughly where its own input does (align_tail barely moves), but the neighbour's
     input explains it far better (`match`). Without match neither role's attackers were banned in these 24 steps.
     The bar is the issue's, a median of five steps: since each sender is judged against its peers' windows, the slower
-    activation attacker of this seed takes 6 steps instead of 5 (over seeds 0-5 of this run, the 12 attackers' steps
-    to ban moved by +0.08 on average, from -2 to +1: no measurable difference)."""
+    activation attacker of this seed took 6 steps instead of 5 (over seeds 0-5 of this run, the 12 attackers' steps
+    to ban moved by +0.08 on average, from -2 to +1: no measurable difference), and since every ban waits a step for
+    its stage's consensus (stop 57) 8: its own wait, and its upstream attacker's, whose tampered inputs taint its
+    messages (only their relation evidence counts) a step longer."""
     engine, malicious = run("data.source=text", f"adversary.attacks=[{{name: token_copy, role: {role}, start: 10}}]")
     w = worker_metrics(engine.log, malicious)
     assert sorted(w["banned"]) == sorted(malicious) and w["false_bans"] == 0
-    assert w["median_steps_to_ban"] <= 5 and w["max_steps_to_ban"] <= 6
+    assert w["median_steps_to_ban"] <= 5 and w["max_steps_to_ban"] <= 8
 
 
 @pytest.mark.slow

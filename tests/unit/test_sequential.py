@@ -121,24 +121,29 @@ def _bans(mesh) -> list[str]:
 
 
 def test_the_responder_bans_on_strong_pvalues_in_two_steps_not_one():
+    """Two steps reach the threshold (no single step does); the ban waits one more for the wave a first replica may
+    lead (module docstring of `sentinel.sequential`, "defer"), and with no peer rising it is banned then, even in a
+    step where it sends nothing."""
     r, mesh = _responder()
     strong = Verdict({}, False, pvalue=1e-12, relation_pvalue=1e-12)
     r.end_step(0, [(_msg(0, 0, 1, "s1r0"), strong), (_msg(0, 1, 1, "s1r0"), strong)])
     assert _bans(mesh) == []
     r.end_step(1, [(_msg(1, 0, 1, "s1r0"), strong), (_msg(1, 1, 1, "s1r0"), strong)])
-    assert _bans(mesh) == ["s1r0"] and r.banned == {"s1r0": 1}
+    assert _bans(mesh) == [] and r.evidence.reached("s1r0")
+    r.end_step(2, [])
+    assert _bans(mesh) == ["s1r0"] and r.banned == {"s1r0": 2}
 
 
 def test_a_gradient_attackers_honest_activations_do_not_dilute_its_gradient_evidence():
-    """Per direction: a worker whose gradients are anomalous is banned in two steps however many honest activations
-    (p = 1, -1.6 nats each) it sends in between."""
+    """Per direction: a worker whose gradients are anomalous reaches the threshold in two steps (banned a step later)
+    however many honest activations (p = 1, -1.6 nats each) it sends in between."""
     r, mesh = _responder()
     strong, calm = Verdict({}, False, pvalue=1e-12), Verdict({}, False, pvalue=1.0)
-    for s in range(2):
+    for s in range(3):
         recs = [(_msg(s, m, 0, "s1r0", Role.GRADIENT), strong) for m in range(2)]
         recs += [(_msg(s, m, 1, "s1r0"), calm) for m in range(8)]
         r.end_step(s, recs)
-    assert _bans(mesh) == ["s1r0"]
+    assert _bans(mesh) == ["s1r0"] and r.banned == {"s1r0": 2}
 
 
 def test_the_guard_weighs_the_whole_step_whoever_sent_first():
@@ -187,17 +192,17 @@ def test_evidence_a_whole_stage_shares_counts_for_nobody():
 )
 def test_the_message_cap_is_strict_only_while_the_stage_drifts(peers_p, banned_after):
     """One extreme message a step (a sparse attacker): in a quiet stage (its peers' p-values uniform or better, common
-    level <= 0) each counts up to h / 2, so two ban; where the stage drifts (the realistic Llama's honest episodes of
-    extreme microbatches) or too few replicas sent to tell, each counts up to h / 3, so two never ban (three reach h
-    up to rounding)."""
+    level <= 0) each counts up to h / 2, so two reach the threshold (banned a step later, `banned_after` messages);
+    where the stage drifts (the realistic Llama's honest episodes of extreme microbatches) or too few replicas sent to
+    tell, each counts up to h / 3, so two never ban (three reach h up to rounding; less the level, five do not)."""
     r, mesh = _responder()
     strong = Verdict({}, False, pvalue=1e-30)
-    for s in range(4):
+    for s in range(5):
         recs = [(_msg(s, 0, 1, "s1r0"), strong)]
         if peers_p is not None:
             recs += [(_msg(s, 1 + i, 1, w), Verdict({}, False, pvalue=peers_p)) for i, w in enumerate(["s1r1", "s1r2"])]
         r.end_step(s, recs)
-    assert r.banned.get("s1r0") == (None if banned_after is None else banned_after - 1)
+    assert r.banned.get("s1r0") == banned_after
     assert _bans(mesh) == ([] if banned_after is None else ["s1r0"])
 
 
@@ -206,44 +211,45 @@ def test_a_stage_is_not_drifting_on_one_ordinary_pvalue():
     an eighth of one message's standard deviation) made the paper table's stage 1 "drift" (seed 4, random signs on
     gradients), the strict cap held the attacker for a step, and its disturbance then raised its peers' statistics
     over the guard: banned 13 steps in instead of 1. The majority has to stand out beyond one standard error of its
-    own messages: the stage is quiet, and two extreme messages ban at once."""
+    own messages: the stage is quiet, and two extreme messages reach the threshold at once (banned a step later)."""
     r, mesh = _responder()
     strong = Verdict({}, False, pvalue=1e-16)
     r.end_step(0, [(_msg(0, 0, 1, "s1r1"), Verdict({}, False, pvalue=1.0)),
                    (_msg(0, 1, 1, "s1r0"), Verdict({}, False, pvalue=0.33)),
                    (_msg(0, 2, 1, "s1r2"), strong)])  # fmt: skip
     r.end_step(1, [(_msg(1, 0, 1, "s1r2"), strong), (_msg(1, 1, 1, "s1r2"), strong)])
-    assert _bans(mesh) == ["s1r2"] and r.banned["s1r2"] == 1
+    r.end_step(2, [])
+    assert _bans(mesh) == ["s1r2"] and r.banned["s1r2"] == 2
 
 
 def test_one_peers_moderate_pvalues_do_not_make_a_small_stage_drift():
     """Quiet is judged on the median of the stage's recent messages. A sparse attacker (one extreme message and one
     honest one a step) whose peer sends p = 1e-3 every other step (its mean over five steps +2.3 nats above a uniform
-    p's, which made the stage "drift" by the mean and left the attacker unbanned) is banned in four steps (over the
-    first step's four messages both the mean and the median are high: the strict cap)."""
+    p's, which made the stage "drift" by the mean and left the attacker unbanned) reaches the threshold in four steps
+    (over the first step's four messages both the mean and the median are high: the strict cap), banned in five."""
     r, mesh = _responder()
     strong, calm, moderate = (Verdict({}, False, pvalue=p) for p in (1e-30, 1.0, 1e-3))
     for s in range(6):
         recs = [(_msg(s, 0, 1, "s1r0"), strong), (_msg(s, 1, 1, "s1r0"), calm)]
         recs += [(_msg(s, 2, 1, "s1r1"), moderate if s % 2 == 0 else calm), (_msg(s, 3, 1, "s1r2"), calm)]
         r.end_step(s, recs)
-    assert _bans(mesh) == ["s1r0"] and r.banned["s1r0"] == 3
+    assert _bans(mesh) == ["s1r0"] and r.banned["s1r0"] == 4
 
 
 def test_a_worker_does_not_make_its_own_stage_look_drifting():
     """Quiet by the median is judged on the worker's peers' messages, not its own: a dense attacker (two extreme
     messages a step) beside one peer whose messages sit at p = 0.03 (its mean keeps the stage from looking quiet by the
     mean) and one at p = 1 (three a step) raised the pooled median over a uniform p's, and the attacker's messages
-    counted under the strict cap less the common level (~4 nats each: banned in three steps). Its peers' median is a
-    uniform p's: the quiet cap, banned in two (set 7: 5 x 3 mesh, random routing, about one message per replica per
-    step; issue-18 note, stop 54)."""
+    counted under the strict cap less the common level (~4 nats each: at the threshold in three steps). Its peers'
+    median is a uniform p's: the quiet cap, at the threshold in two and banned a step later (set 7: 5 x 3 mesh, random
+    routing, about one message per replica per step; issue-18 note, stop 54)."""
     r, mesh = _responder()
     strong, mild, calm = (Verdict({}, False, pvalue=p) for p in (1e-30, 0.03, 1.0))
     for s in range(3):
         recs = [(_msg(s, 0, 1, "s1r0"), strong), (_msg(s, 1, 1, "s1r0"), strong), (_msg(s, 2, 1, "s1r1"), mild)]
         recs += [(_msg(s, 3 + m, 1, "s1r2"), calm) for m in range(3)]
         r.end_step(s, recs)
-    assert _bans(mesh) == ["s1r0"] and r.banned["s1r0"] == 1
+    assert _bans(mesh) == ["s1r0"] and r.banned["s1r0"] == 2
 
 
 def test_a_stage_whose_replicas_mostly_sent_a_far_out_message_drifts():
@@ -251,22 +257,22 @@ def test_a_stage_whose_replicas_mostly_sent_a_far_out_message_drifts():
     a 6 x 4 mesh, step ~100) every replica of a stage sent a message at p ~ 5e-5 to 4e-9 within six steps, and
     one of them two in consecutive steps, which banned it while the stage counted as quiet (h / 2 a message). When a
     strict majority of the stage's replicas sent a message at p <= TAIL_P over the horizon, the stage drifts (h / 3 a
-    message less its level): the two messages do not ban. An attacker whose peers send nothing that far out is still
-    banned in two steps."""
+    message less its level): the two messages do not ban. An attacker whose peers send nothing that far out still
+    reaches the threshold in two steps (banned a step later)."""
     strong, calm, far = (Verdict({}, False, pvalue=p) for p in (1e-9, 1.0, 1e-5))
     replicas = ["s1r0", "s1r1", "s1r2", "s1r3"]
 
-    def run(plan: dict) -> Responder:
+    def run(plan: dict, steps: int) -> Responder:
         r = Responder(ResponseConfig(), MeshControl(WorkerTable(4, 4)))
-        for s in range(4):
+        for s in range(steps):
             r.end_step(s, [(_msg(s, i, 1, w), plan.get((s, w), calm)) for i, w in enumerate(replicas)])
         return r
 
     twice = {(2, "s1r0"): strong, (3, "s1r0"): strong}
-    r = run({(0, "s1r1"): far, (1, "s1r2"): far, **twice})  # s1r3 stays calm: three of four sent far out
+    r = run({(0, "s1r1"): far, (1, "s1r2"): far, **twice}, 4)  # s1r3 stays calm: three of four sent far out
     assert _bans(r.mesh) == [] and r.evidence.level["s1r0", 0] < r.evidence.threshold
-    r = run(twice)
-    assert _bans(r.mesh) == ["s1r0"] and r.banned["s1r0"] == 3
+    r = run(twice, 5)
+    assert _bans(r.mesh) == ["s1r0"] and r.banned["s1r0"] == 4
 
 
 def _peers_far_run(far_peers: tuple[str, ...], steps: int = 4) -> Responder:
@@ -293,12 +299,12 @@ def test_a_message_no_more_extreme_than_its_peers_send_lately_counts_little():
     one that sent four of them, with few messages between to drain, was banned while the stage counted as quiet. A
     message counts as if its p-value were no lower than the rate at which its peers sent messages as far out over the
     last PEER_HORIZON steps (less as the worker sends them more often than they do): after two far-out messages of
-    each of two peers, two of its own in consecutive steps do not ban. Without the peers', they do (the quiet cap,
-    h / 2 each)."""
+    each of two peers, two of its own in consecutive steps do not ban. Without the peers', they reach the threshold
+    (the quiet cap, h / 2 each) and ban a step later."""
     r = _peers_far_run(("s1r1", "s1r2"))
     assert _bans(r.mesh) == [] and r.evidence.level["s1r0", 0] < r.evidence.threshold / 4
-    r = _peers_far_run(())
-    assert _bans(r.mesh) == ["s1r0"] and r.banned["s1r0"] == 3
+    r = _peers_far_run((), steps=5)
+    assert _bans(r.mesh) == ["s1r0"] and r.banned["s1r0"] == 4
 
 
 def test_far_out_messages_of_one_step_are_not_a_rate():
@@ -322,7 +328,7 @@ def test_far_out_messages_of_one_step_are_not_a_rate():
         return r
 
     r = run(((0, 0), (0, 1)))
-    assert _bans(r.mesh) == ["s1r0"] and r.banned["s1r0"] == 7
+    assert _bans(r.mesh) == ["s1r0"] and r.banned["s1r0"] == 8  # at the threshold at step 7, banned a step later
     r = run(((0, 0), (1, 0)))
     assert _bans(r.mesh) == [] and r.evidence.level["s1r0", 0] < r.evidence.threshold / 2
 
@@ -332,8 +338,9 @@ def test_one_bursty_peer_of_three_is_not_the_stages_rate():
     ceil(peers / 2)): one peer of three with a burst of far-out messages does not shield the others. With m = 1 on
     held-out HTML bytes (5 x 80 on a 5 x 4 mesh, seed 141) one honest replica's burst around step 20 floored an
     attacker's gradient messages at p ~ 1e-24 to ~1e-2 for 17 steps, under five different gradient attacks. Here the
-    bursty peer's own statistic still stands at a quarter of the threshold or above when s1r0 reaches it at step 3, so
-    the ban waits a step for the consensus (`rising`), which sees no stage-wide shift."""
+    bursty peer's own statistic still stands at a quarter of the threshold or above when s1r0 reaches it at step 3; the
+    ban waits a step for the consensus, which sees no stage-wide shift, and one risen peer of three is short of its
+    quorum."""
     r = _peers_far_run(("s1r1",), steps=5)
     assert _bans(r.mesh) == ["s1r0"] and r.banned["s1r0"] == 4
 
@@ -341,14 +348,14 @@ def test_one_bursty_peer_of_three_is_not_the_stages_rate():
 def test_colluding_attackers_cannot_vouch_for_each_other():
     """Two attackers in a 5-replica stage (a strict honest majority): each one's rate of far-out messages is what the
     other's peers measure, so the rate that discounts a message is the m-th largest of its peers' (m = ceil(peers / 2)
-    = 2 here), at most an honest peer's: both are banned in two steps."""
+    = 2 here), at most an honest peer's: both reach the threshold in two steps and are banned a step later."""
     r = Responder(ResponseConfig(), MeshControl(WorkerTable(4, 5)))
     strong, calm = Verdict({}, False, pvalue=1e-30), Verdict({}, False, pvalue=0.5)
-    for s in range(2):
+    for s in range(3):
         recs = [(_msg(s, 2 * i + m, 1, w), strong) for i, w in enumerate(["s1r0", "s1r1"]) for m in range(2)]
         recs += [(_msg(s, 4 + i, 1, w), calm) for i, w in enumerate(["s1r2", "s1r3", "s1r4"])]
         r.end_step(s, recs)
-    assert sorted(_bans(r.mesh)) == ["s1r0", "s1r1"] and set(r.banned.values()) == {1}
+    assert sorted(_bans(r.mesh)) == ["s1r0", "s1r1"] and set(r.banned.values()) == {2}
 
 
 def test_a_peer_lifted_by_one_extreme_message_does_not_block_a_ban():
@@ -371,25 +378,25 @@ def test_a_peer_lifted_by_one_extreme_message_does_not_block_a_ban():
 
 def test_a_malicious_minority_cannot_raise_the_common_level():
     """The common level is what a strict majority of the stage reaches: one replica's own evidence (an attacker's)
-    does not discount it, so it is banned in two steps whatever its peers' quiet messages."""
+    does not discount it, so it reaches the threshold in two steps whatever its peers' quiet messages."""
     r, mesh = _responder()
     strong, calm = Verdict({}, False, pvalue=1e-12), Verdict({}, False, pvalue=0.5)
-    for s in range(2):
+    for s in range(3):
         recs = [(_msg(s, 0, 1, "s1r1"), calm), (_msg(s, 1, 1, "s1r2"), calm)]
         r.end_step(s, recs + [(_msg(s, 2 + m, 1, "s1r0"), strong) for m in range(2)])
-    assert _bans(mesh) == ["s1r0"]
+    assert _bans(mesh) == ["s1r0"] and r.banned == {"s1r0": 2}
 
 
 def test_a_worker_standing_out_alone_is_banned_after_its_peers_rejoin_the_crowd():
     """The common level is per stage: an attacker in another stage keeps its evidence."""
     r, mesh = _responder()
     strong, calm = Verdict({}, False, pvalue=1e-12), Verdict({}, False, pvalue=0.5)
-    for s in range(2):
+    for s in range(3):
         recs = [(_msg(s, i, 1, w), strong) for i, w in enumerate(["s1r0", "s1r1", "s1r2"])]
         recs += [(_msg(s, 3 + m, 2, "s2r0"), strong) for m in range(2)]
         recs += [(_msg(s, 5, 2, "s2r1"), calm), (_msg(s, 6, 2, "s2r2"), calm)]
         r.end_step(s, recs)
-    assert _bans(mesh) == ["s2r0"]
+    assert _bans(mesh) == ["s2r0"] and r.banned == {"s2r0": 2}
 
 
 def test_no_evidence_from_a_stream_in_a_stage_wide_shift():
@@ -445,7 +452,7 @@ def test_a_recognised_shift_settles_its_stream_and_the_stage_drifts_after_it():
         r, _ = _responder()
         calm = Verdict({}, False, pvalue=0.5)
         marked = Verdict({}, False, frozenset({Marker.SHIFT}), pvalue=0.5)
-        for s, p in enumerate([1e-6, 1e-3, None, 1e-6]):
+        for s, p in enumerate([1e-6, 1e-3, None, 1e-6, None]):
             recs = [(_msg(s, 0, 1, "s1r0"), Verdict({}, False, pvalue=p))] if p is not None else []
             peer = marked if shift and s == 2 else calm
             recs += [(_msg(s, 1, 1, "s1r1"), peer), (_msg(s, 2, 1, "s1r2"), calm)]
@@ -455,7 +462,7 @@ def test_a_recognised_shift_settles_its_stream_and_the_stage_drifts_after_it():
                 assert level <= r.evidence.threshold / 2 if shift else level > r.evidence.threshold / 2
         return r
 
-    assert run(shift=False).banned == {"s1r0": 3}  # a quiet stage: one more far-out message bans
+    assert run(shift=False).banned == {"s1r0": 4}  # a quiet stage: one more far-out message bans (a step later)
     r = run(shift=True)
     assert r.banned == {} and r.evidence.level["s1r0", 0] <= r.evidence.threshold * (1 / 2 + 1 / 3)
 
@@ -467,8 +474,8 @@ def test_a_recognised_shift_ends_its_stages_peers_tail():
     3e-5 in steps 12-13, the stage's shift was recognised at step 17, and from step 20 an attacker's messages at p ~
     1e-7 to 1e-13 (every one flagged) were floored to p ~ 1e-2 by that rate, and banned 14 steps in by the peer test
     instead of 2. Here a peer sends far-out messages in steps 0 and 1, the shift is recognised at step 2, and s1r0
-    sends two far-out messages a step from step 9: banned at step 10, as in a stage without the peer's past; without
-    the shift the peer's tail floors them."""
+    sends two far-out messages a step from step 9: at the threshold at step 10 (banned at 11), as in a stage without the
+    peer's past; without the shift the peer's tail floors them."""
     from sentinel.detectors.base import Marker
 
     def run(shift: bool) -> Responder:
@@ -483,7 +490,7 @@ def test_a_recognised_shift_ends_its_stages_peers_tail():
             r.end_step(s, recs)
         return r
 
-    assert run(shift=True).banned == {"s1r0": 10}
+    assert run(shift=True).banned == {"s1r0": 11}
     r = run(shift=False)
     assert "s1r0" not in r.banned and r.evidence.level["s1r0", 0] < r.evidence.threshold
 
@@ -542,82 +549,91 @@ def test_a_burst_no_further_out_than_the_calibrated_tail_of_its_peers_does_not_b
 def test_an_attacker_with_an_honest_past_is_judged_by_its_current_rate():
     """The worker's own share of far-out messages is taken over OWN_HORIZON steps: 25 honest steps do not dilute an
     attacker whose every message is now far out, where its honest peers send such messages now and then. The cost of
-    the peers' rate: 6 steps here (two messages a step; one step where the peers' tail is light, as from step 0)."""
+    the peers' rate: 5 steps here (two messages a step; one step to the threshold where the peers' tail is light, as
+    from step 0; each ban a step after the threshold)."""
     attack = {s: [1e-20, 1e-20] for s in range(25, 40)}
     r = _stage_run(attack, 40)
-    assert _bans(r.mesh) == ["s1r0"] and r.banned["s1r0"] <= 25 + 6
+    assert _bans(r.mesh) == ["s1r0"] and r.banned["s1r0"] <= 25 + 7
     r = _stage_run({s: [1e-20, 1e-20] for s in range(0, 15)}, 15)
-    assert r.banned["s1r0"] <= 1
+    assert r.banned["s1r0"] <= 2
 
 
-def _wave(shift_next: bool, peer_p: float = 1e-5, peer_step: int = 1) -> Responder:
-    """s1r0's activations reach the threshold at step 1 (three messages at p = 1e-3 a step, a quiet stage) while, in
-    step `peer_step`, its peer s1r1 sends one message at `peer_p`; at step 2 the detector recognises a stage-wide shift
-    in the stream (`shift_next`), or s1r0 goes on as before."""
+def _wave(
+    risers: dict[int, list[tuple[str, float]]], shift_at: int | None = None, replicas: int = 4, start: int = 0
+) -> Responder:
+    """s1r0's activations reach the threshold at step `start` + 1 (three messages at p = 1e-3 in each of steps `start`
+    and `start` + 1, a quiet stage), then it sends nothing; in each step of `risers` those peers send one more message
+    at the p given; at step `shift_at` the detector recognises a stage-wide shift in the stream (a peer's message
+    marked SHIFT). Runs to the shift's step, or four steps past the threshold."""
     from sentinel.detectors.base import Marker
 
-    r, _ = _responder()
+    r = Responder(ResponseConfig(), MeshControl(WorkerTable(4, replicas)))
     moderate, calm = Verdict({}, False, pvalue=1e-3), Verdict({}, False, pvalue=0.5)
-    shift = Verdict({}, False, frozenset({Marker.SHIFT}), pvalue=1e-3)
-    for s in range(3):
-        mine = shift if s == 2 and shift_next else moderate
-        recs = [(_msg(s, m, 1, "s1r0"), mine) for m in range(3)]
-        recs += [(_msg(s, 3 + m, 1, "s1r1"), calm) for m in range(3)]  # quiet peers (the stage's level stays put)
-        recs += [(_msg(s, 6, 1, "s1r1"), Verdict({}, False, pvalue=peer_p) if s == peer_step else calm)]
-        recs += [(_msg(s, 7 + m, 1, "s1r2"), calm) for m in range(4)]
+    shift = Verdict({}, False, frozenset({Marker.SHIFT}), pvalue=0.5)
+    peers = [f"s1r{i}" for i in range(1, replicas)]
+    for s in range((start + 5) if shift_at is None else shift_at + 1):
+        recs = [(_msg(s, m, 1, "s1r0"), moderate) for m in range(3)] if start <= s <= start + 1 else []
+        recs += [(_msg(s, 3 + 2 * i + m, 1, w), calm) for i, w in enumerate(peers) for m in range(2)]  # the level stays
+        recs += [(_msg(s, 29, 1, peers[-1]), shift)] if s == shift_at else []
+        recs += [(_msg(s, 30 + i, 1, w), Verdict({}, False, pvalue=p)) for i, (w, p) in enumerate(risers.get(s, []))]
         r.end_step(s, recs)
     return r
 
 
-def test_a_ban_waits_one_step_while_a_peer_rises_and_the_consensus_decides():
-    """An honest drift reaches a stage's replicas one after another: on held-out text (Python source, 12 layers, a
-    6 x 4 mesh, seed 21) one replica's gradients reached the threshold over steps 94-97 while a peer stood at 0.32 of
-    it, and the detector recognised the stage-wide shift at step 98, a step after the ban. A worker that reaches the
-    threshold while a peer stands above DEFER_SHARE of it (of 3 replicas, one peer leaves the stage one replica short
-    of the consensus's quorum) waits one step: if the detector then recognises a shift in its stream, what it gathered
-    was the drift (settled, as a blocked ban); if not, it is banned a step late."""
-    r = _wave(shift_next=True)
-    assert r.banned == {} and r.evidence.level["s1r0", 0] <= r.evidence.threshold / 2
-    r = _wave(shift_next=False)
-    assert r.banned == {"s1r0": 2}
-    r = _wave(shift_next=False, peer_p=0.5)  # no peer rises: banned when it reaches the threshold
-    assert r.banned == {"s1r0": 1}
+def test_every_ban_waits_a_step_for_the_consensus():
+    """Honest drift reaches a stage's replicas one after another, and its first replica can reach the threshold before
+    any peer has moved: on held-out man pages (the built-in model, 12 x 64, a 6 x 4 mesh, seed 943) s1r2's gradients
+    at p ~ 4e-3, 8e-8 and 6e-6 in steps 57-59 of a quiet stage banned it at step 60, and its three peers followed over
+    steps 61-64 (issue-18 note, stop 56); on held-out Python source (12 layers, a 6 x 4 mesh, seed 21) a replica was
+    banned at step 97, a step before the detector recognised the stage's shift. So a worker that reaches the threshold
+    waits one step: if the detector then recognises a shift in its stream, what it gathered was the drift's onset
+    (settled, as a blocked ban); if not, and no peer rose, it is banned a step late."""
+    for risers in ({}, {1: [("s1r1", 1e-5)]}):  # no peer had risen, or one had
+        r = _wave(risers, shift_at=2, replicas=3)
+        assert r.banned == {} and r.evidence.level["s1r0", 0] <= r.evidence.threshold / 2
+        assert _wave(risers, replicas=3).banned == {"s1r0": 2}
 
 
-def test_a_peer_that_sends_a_flagged_message_as_the_worker_reaches_the_threshold_rises_too():
-    """A wave's first replica sets the peers' tail that floors the next replica's messages, so that peer's statistic
-    need not move: a message the detector would flag (p < FLAGGED_P) in the step is enough for the ban to wait for the
-    consensus (byte-level text, one layer a stage, seed 0: a peer at 6e-4 in the step of a false ban, a step before
-    the stage-wide shift). An ordinary honest message (2.7e-3, which held a token-copying attacker for a step when
-    p < 0.01 counted) does not delay the ban."""
-    assert _wave(shift_next=True, peer_p=6e-4).banned == {}
-    assert _wave(shift_next=False, peer_p=6e-4).banned == {"s1r0": 2}
-    assert _wave(shift_next=False, peer_p=2.7e-3).banned == {"s1r0": 1}
+def test_a_wave_that_reaches_the_consensus_quorum_settles_the_ban():
+    """The peers that rose while the worker waited count with those that had risen when it reached the threshold: once
+    the worker and they make the consensus's quorum (`streams.shift_quorum`, 3 of 4 replicas) the wave is the stage's,
+    settled without waiting for the detector to recognise it. A peer rises by a message the detector would flag at its
+    default level (p < FLAGGED_P): the wave's first replica sets the peers' tail that floors the next one's messages,
+    so its statistic need not move (byte-level text, one layer a stage, seed 0: a peer at 6e-4 in the step of a false
+    ban, a step before the stage-wide shift). An ordinary honest message (2.7e-3, which held a token-copying attacker
+    for a step when p < 0.01 counted) is no rise."""
+    for risers in ({2: [("s1r1", 6e-4), ("s1r2", 6e-4)]}, {1: [("s1r1", 6e-4)], 2: [("s1r2", 6e-4)]}):
+        r = _wave(risers)
+        assert r.banned == {} and r.evidence.level["s1r0", 0] <= r.evidence.threshold / 2
+    assert _wave({2: [("s1r1", 2.7e-3), ("s1r2", 2.7e-3)]}).banned == {"s1r0": 2}
+    assert _wave({2: [("s1r1", 6e-4)]}).banned == {"s1r0": 3}  # one of two: it waits on (below), then no one new
 
 
 def test_a_peer_that_sent_a_flagged_message_in_the_step_before_rises_too():
     """A replica of a 3-replica stage sends about one message a step, and often none in the step its peer reaches the
     threshold: on held-out Markdown (GPT-2, a 4 x 3 mesh, seed 851) s2r2 sent a message at p ~ 1e-6 in step 17, none in
     step 18, when s2r0 reached the threshold and was banned, a step before the detector recognised the stage's shift. A
-    message the detector would flag in the step before counts as in the step; two steps before, it does not."""
-    assert _wave(shift_next=True, peer_p=6e-4, peer_step=0).banned == {}
-    assert _wave(shift_next=False, peer_p=6e-4, peer_step=0).banned == {"s1r0": 2}
+    message the detector would flag in the step before counts as in the step; two steps before, it does not. Here s1r0
+    reaches the threshold at step 2, s1r1 sent a flagged message at step 1 (or 0) and s1r2 sends one at step 3."""
+    assert _wave({1: [("s1r1", 6e-4)], 3: [("s1r2", 6e-4)]}, start=1).banned == {}  # the quorum, with s1r1
+    assert _wave({0: [("s1r1", 6e-4)], 3: [("s1r2", 6e-4)]}, start=1).banned == {"s1r0": 4}  # s1r2 alone: waits on
 
-    def two_steps_before() -> Responder:  # the same, a step later: s1r0 reaches the threshold at step 2
-        from sentinel.detectors.base import Marker
 
-        r, _ = _responder()
-        moderate, calm = Verdict({}, False, pvalue=1e-3), Verdict({}, False, pvalue=0.5)
-        for s in range(4):
-            mine = Verdict({}, False, frozenset({Marker.SHIFT}), pvalue=1e-3) if s == 3 else moderate
-            recs = [(_msg(s, m, 1, "s1r0"), mine if s > 0 else calm) for m in range(3)]
-            recs += [(_msg(s, 3 + m, 1, "s1r1"), calm) for m in range(3)]
-            recs += [(_msg(s, 6, 1, "s1r1"), Verdict({}, False, pvalue=6e-4) if s == 0 else calm)]
-            recs += [(_msg(s, 7 + m, 1, "s1r2"), calm) for m in range(4)]
-            r.end_step(s, recs)
-        return r
-
-    assert two_steps_before().banned == {"s1r0": 2}
+def test_a_ban_waits_on_while_the_wave_reaches_another_replica():
+    """Honest drift can take several steps to reach a stage's replicas: on held-out Perl bytes (GPT-2, 8 x 128, a 4 x 4
+    mesh, seed 363) stage 2's activations sent flagged messages on s2r1 and s2r2 in step 13, on s2r1 in steps 14-15
+    (which reached the threshold), on s2r0 in step 16 and on s2r2 and s2r3 in step 17, when the detector recognised
+    the shift: s2r1 had been banned at step 16, after one step's wait. A ban that waited waits on while the wave
+    reaches a peer that had not risen yet (each wait needs another one: at most as many waits as peers), until the
+    detector recognises the shift or the wave reaches the quorum (4 of 5 replicas here); a peer that rises again, or
+    none, ends the wait."""
+    r = _wave({1: [("s1r1", 6e-4)], 2: [("s1r2", 6e-4)]}, shift_at=3, replicas=5)
+    assert r.banned == {} and r.evidence.level["s1r0", 0] <= r.evidence.threshold / 2
+    assert _wave({1: [("s1r1", 6e-4)]}, shift_at=3, replicas=5).banned == {"s1r0": 2}  # nobody new rose at step 2
+    assert _wave({1: [("s1r1", 6e-4)], 2: [("s1r1", 6e-4)]}, shift_at=3, replicas=5).banned == {"s1r0": 2}  # the same
+    assert _wave({1: [("s1r1", 6e-4)], 2: [("s1r2", 6e-4)]}, replicas=5).banned == {"s1r0": 3}  # no shift, no quorum
+    waves = _wave({1: [("s1r1", 6e-4)], 2: [("s1r2", 6e-4)], 3: [("s1r3", 6e-4)]}, replicas=5)
+    assert waves.banned == {}  # the wave reached the quorum at step 3
 
 
 def test_a_drifts_participants_stay_their_stages_traffic():
@@ -657,46 +673,12 @@ def test_a_drifts_participants_stay_their_stages_traffic():
     assert r.banned == {} and ("s1r1", 1, 0) in r._explained
 
 
-def _long_wave(risers: dict[int, str], shift_at: int) -> Responder:
-    """A 4-replica stage: s1r0 reaches the threshold at step 1 (three messages at p = 1e-3 a step); in each step of
-    `risers` that peer sends a message the detector would flag (p = 6e-4); at step `shift_at` the detector recognises
-    a stage-wide shift in the stream."""
-    from sentinel.detectors.base import Marker
-
-    r = Responder(ResponseConfig(), MeshControl(WorkerTable(4, 4)))
-    moderate, calm = Verdict({}, False, pvalue=1e-3), Verdict({}, False, pvalue=0.5)
-    shift = Verdict({}, False, frozenset({Marker.SHIFT}), pvalue=1e-3)
-    for s in range(shift_at + 1):
-        recs = [(_msg(s, m, 1, "s1r0"), shift if s == shift_at else moderate) for m in range(3)]
-        for i, w in enumerate(["s1r1", "s1r2", "s1r3"]):
-            recs += [(_msg(s, 3 + 3 * i + m, 1, w), calm) for m in range(2)]
-            if risers.get(s) == w:
-                recs.append((_msg(s, 12, 1, w), Verdict({}, False, pvalue=6e-4)))
-        r.end_step(s, recs)
-    return r
-
-
-def test_a_ban_waits_on_while_the_wave_reaches_another_replica():
-    """Honest drift can take several steps to reach a stage's replicas: on held-out Perl bytes (GPT-2, 8 x 128, a 4 x 4
-    mesh, seed 363) stage 2's activations sent flagged messages on s2r1 and s2r2 in step 13, on s2r1 in steps 14-15
-    (which reached the threshold), on s2r0 in step 16 and on s2r2 and s2r3 in step 17, when the detector recognised
-    the shift: s2r1 had been banned at step 16, after one step's wait. A ban that waited waits on while the wave
-    reaches a peer that had not risen yet (each wait needs another one: at most as many waits as peers); a peer that
-    rises again, or none, ends the wait."""
-    r = _long_wave({1: "s1r1", 2: "s1r2"}, shift_at=3)
-    assert r.banned == {} and r.evidence.level["s1r0", 0] <= r.evidence.threshold / 2
-    assert _long_wave({1: "s1r1"}, shift_at=3).banned == {"s1r0": 2}  # nobody new rose at step 2
-    assert _long_wave({1: "s1r1", 2: "s1r1"}, shift_at=3).banned == {"s1r0": 2}  # the same peer again
-    waves = _long_wave({1: "s1r1", 2: "s1r2", 3: "s1r3"}, shift_at=5)  # every peer rose and no shift came
-    assert waves.banned == {"s1r0": 4}
-
-
 def test_colluders_cannot_hold_a_ban():
-    """The wait for the consensus needs the worker and its rising peers one replica short of the consensus's quorum
-    (`streams.shift_quorum`: f + floor((R - f) / 2) + 1 of R replicas, f = floor((R - 1) / 2)). Under an honest
-    majority an attacker has at most f - 1 colluders, always fewer than that: in a 5-replica stage (quorum 4) a
-    colluder standing between DEFER_SHARE of the threshold and the threshold holds nothing, and the attacker is banned
-    when it reaches it (on a 16 x 11 mesh, 30% malicious, a rule without the quorum let co-attackers hold each other's
+    """A ban that waited is settled without a recognised shift only when the worker and the peers that rose make the
+    consensus's quorum (`streams.shift_quorum`: f + floor((R - f) / 2) + 1 of R replicas, f = floor((R - 1) / 2)).
+    Under an honest majority an attacker has at most f - 1 colluders, always fewer than that: in a 5-replica stage
+    (quorum 4) a colluder standing between DEFER_SHARE of the threshold and the threshold holds nothing beyond the
+    step every ban waits (on a 16 x 11 mesh, 30% malicious, a rule without the quorum let co-attackers hold each other's
     bans: median steps to ban 2.08 -> 2.58 over six runs)."""
 
     def run(collude: bool) -> Responder:
@@ -710,39 +692,19 @@ def test_colluders_cannot_hold_a_ban():
             r.end_step(s, recs)
         return r
 
-    assert run(collude=False).banned == {"s1r0": 1}
-    assert run(collude=True).banned["s1r0"] == 1  # (the colluder's own evidence bans it at step 4)
-
-
-@pytest.mark.parametrize("replicas, needed", [(3, 1), (4, 1), (5, 2), (11, 7)])
-def test_a_ban_waits_only_while_the_stage_is_one_replica_short_of_a_shift(replicas, needed):
-    """`rising`: how many peers must stand between DEFER_SHARE of the threshold and the threshold (one at the threshold
-    is judged itself) for the worker's ban to wait a step: the quorum less the worker and one replica still to come."""
-    from sentinel.detectors.streams import shift_quorum
-
-    ev = SequentialEvidence(1e-8)
-    peers = [f"p{i}" for i in range(replicas - 1)]
-    quorum = shift_quorum(replicas)
-    for w in peers:
-        ev.level[w, 0] = 0.3 * ev.threshold
-    ev.level[peers[0], 0] = ev.threshold  # at the threshold: not counted
-    ups = peers[1 : 1 + needed]
-    rest = [w for w in peers[1:] if w not in ups]
-    for w in rest:
-        ev.level[w, 0] = 0.1 * ev.threshold
-    assert ev.rising(peers, 0, quorum)
-    ev.level[ups[-1], 0] = 0.1 * ev.threshold
-    assert not ev.rising(peers, 0, quorum)
+    assert run(collude=False).banned == {"s1r0": 2}
+    assert run(collude=True).banned["s1r0"] == 2  # (the colluder's own evidence bans it later)
 
 
 def _after_a_ban(**cfg) -> Responder:
-    """A 3-replica stage: s1r0 sends strong p-values in steps 0-1 (banned at step 1), then s1r1 from step 2 on while
-    s1r2 stays calm."""
+    """A 3-replica stage: s1r0 sends strong p-values in steps 0-1 (at the threshold at step 1, banned at step 2), then
+    s1r1 from step 3 on while s1r2 stays calm."""
     r, mesh = _responder(**cfg)
     strong, calm = Verdict({}, False, pvalue=1e-12), Verdict({}, False, pvalue=0.5)
-    for s in range(8):
-        bad = "s1r0" if s < 2 else "s1r1"
-        recs = [(_msg(s, m, 1, bad), strong) for m in range(2)] + [(_msg(s, 2, 1, "s1r2"), calm)]
+    for s in range(9):
+        bad = "s1r0" if s < 2 else "s1r1" if s >= 3 else None
+        recs = [(_msg(s, m, 1, bad), strong) for m in range(2)] if bad else []
+        recs += [(_msg(s, 2, 1, "s1r2"), calm)]
         r.end_step(s, recs)
     return r
 
@@ -754,7 +716,7 @@ def test_a_stage_that_banned_its_honest_majoritys_share_needs_more_evidence_for_
     s1r0 was banned at step 35, after its stage's attacker: its gradients at p ~ 5e-3 to 5e-10 over steps 31-35 while
     the one replica left beside it had risen only to p ~ 1e-3, too few replicas for the drift rules."""
     r = _after_a_ban()
-    assert r.banned == {"s1r0": 1, "s1r1": 5}  # two steps to the threshold, two more to twice it
+    assert r.banned == {"s1r0": 2, "s1r1": 7}  # two steps to the threshold, two more to twice it, one step's wait
     assert r.evidence.level["s1r2", 0] == 0.0
     sybil = _after_a_ban(rejoin_after=1)  # s1r0's operator rejoined under a new id: the stage may hold one more
-    assert sybil.banned == {"s1r0": 1, "s1r1": 3}
+    assert sybil.banned == {"s1r0": 2, "s1r1": 5}
