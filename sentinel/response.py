@@ -305,14 +305,16 @@ class Responder:
                 if worker in self.banned:
                     continue
                 peers = self._peers(worker)
-                if self.evidence.exceeds(worker, peers, stream):
-                    if not self.evidence.reached(worker, stream, self._times(worker)):
-                        continue  # its stage has banned as many as its honest majority allows: more evidence first
-                    drifted = (self.mesh.stage_of(worker), stream) in shifts or (worker, stream) in explained
-                    risen = deferred.get((worker, stream))  # None: its ban has not waited
-                    if risen is None:  # every ban waits a step: the worker may be the first replica of a wave
+                risen = deferred.get((worker, stream))  # None: its ban has not waited
+                if risen is None and self.evidence.exceeds(worker, peers, stream):
+                    # every ban waits a step: the worker may be the first replica of a wave (unless its stage has
+                    # banned as many as its honest majority allows: more evidence first)
+                    if self.evidence.reached(worker, stream, self._times(worker)):
                         self._deferred[worker, stream] = frozenset(self.evidence.risen(peers, stream))
-                        continue
+                elif risen is not None and self.evidence.alone(peers, stream):
+                    # a ban that waited stands on the evidence that reached the threshold, wherever the statistic is
+                    # now (a sparse attacker's honest messages drain it): only the stage can clear it
+                    drifted = (self.mesh.stage_of(worker), stream) in shifts or (worker, stream) in explained
                     now = risen | set(self.evidence.risen(peers, stream))
                     if drifted or len(now) + 1 >= shift_quorum(len(peers) + 1):
                         # the drift reached it first, or the wave reached the consensus's quorum: not evidence
@@ -321,8 +323,8 @@ class Responder:
                         self._deferred[worker, stream] = now  # the wave reached another replica: wait on
                     else:
                         self.ban(worker, step, by="sequential")
-                elif self.evidence.reached(worker, stream):  # a majority of the stage stood out too: drift, not
-                    self.evidence.settle([worker, *peers], stream)  # evidence (sentinel/sequential.py)
+                elif risen is not None or self.evidence.reached(worker, stream):  # a majority of the stage stood
+                    self.evidence.settle([worker, *peers], stream)  # out too: drift, not evidence (sequential.py)
         nxt = step + 1
         if self.config.ban_pvalue < 1.0 and nxt % SCORE_EVERY == 0:
             self._score_tests(nxt)

@@ -121,8 +121,11 @@ the guards. On a uniform honest stream of 100,000 messages the statistic peaked 
   rose (when it reached the threshold or since) make the detector's consensus quorum (`streams.shift_quorum`: f +
   floor((R - f) / 2) + 1 of R live replicas, f = floor((R - 1) / 2): 3 of 3 or 4, 4 of 5, 8 of 11), its statistics
   and its peers' settle as under a blocked ban; if a peer that had not risen yet rises, it waits on (the wave reached
-  another replica; at most one more step per peer); otherwise it is banned, a step after it reached the threshold (or
-  not, if its statistic fell back under it). A peer rose when its statistic stands at DEFER_SHARE (a quarter) of the
+  another replica; at most one more step per peer); otherwise it is banned, a step after it reached the threshold,
+  wherever its statistic stands by then: the wait is for the stage's verdict, not for more of the worker's evidence.
+  Judged on its statistic again, a sparse attacker whose honest messages drained it under the threshold in the step
+  it reached it escaped, and climbed again: held-out byte-level text's sparse gradient attackers (seeds 0-2) took
+  12.5-12.7 steps instead of 7.8-8.0, one of them 25 instead of 13 (issue-18 note, stop 57). A peer rose when its statistic stands at DEFER_SHARE (a quarter) of the
   threshold or above, short of it (a peer at the threshold is judged itself), or when it sent a message the detector
   would flag at its default level, p < FLAGGED_P (1e-3), in the step or the one before (as sent). The cost is a step
   on every ban: on held-out C-header bytes (the built-in model 6 x 48 on a 6 x 3 mesh and a Qwen2 4 x 96 on 4 x 3, 120
@@ -413,8 +416,11 @@ class SequentialEvidence:
         """Whether the worker's statistic of `stream` reached the threshold (this step) while a strict majority of
         its peers' (of the same stream) stayed at or below GUARD_SHARE of it all step (no peers: its own statistic
         decides)."""
-        if self._top((worker, stream)) < self.threshold:
-            return False
+        return self._top((worker, stream)) >= self.threshold and self.alone(peers, stream)
+
+    def alone(self, peers: list[str], stream: int = 0) -> bool:
+        """Whether a strict majority of `peers` stayed at or below GUARD_SHARE of the threshold in `stream` all step
+        (no peers: True): the guard of `exceeds`."""
         quiet = sum(self._top((p, stream)) <= GUARD_SHARE * self.threshold for p in peers)
         return not peers or quiet >= len(peers) // 2 + 1
 
