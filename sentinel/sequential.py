@@ -125,9 +125,10 @@ the guards. On a uniform honest stream of 100,000 messages the statistic peaked 
   wherever its statistic stands by then: the wait is for the stage's verdict, not for more of the worker's evidence.
   Judged on its statistic again, a sparse attacker whose honest messages drained it under the threshold in the step
   it reached it escaped, and climbed again: held-out byte-level text's sparse gradient attackers (seeds 0-2) took
-  12.5-12.7 steps instead of 7.8-8.0, one of them 25 instead of 13 (issue-18 note, stop 57). A peer rose when its statistic stands at DEFER_SHARE (a quarter) of the
-  threshold or above, short of it (a peer at the threshold is judged itself), or when it sent a message the detector
-  would flag at its default level, p < FLAGGED_P (1e-3), in the step or the one before (as sent). The cost is a step
+  12.5-12.7 steps instead of 7.8-8.0, one of them 25 instead of 13 (issue-18 note, stop 57). A peer rose when its
+  statistic stands at DEFER_SHARE (a quarter) of the threshold or above, short of it (a peer at the threshold is
+  judged itself), or when it sent a message the detector would flag at its default level, p < FLAGGED_P (1e-3), in
+  the step or the one before (as sent). The cost is a step
   on every ban: on held-out C-header bytes (the built-in model 6 x 48 on a 6 x 3 mesh and a Qwen2 4 x 96 on 4 x 3, 120
   attackers) +1.24 [+1.02, +1.45] and +0.75 [+0.35, +1.15] steps to ban (issue-18 note, stop 57). Until stop 57 a ban
   waited only while the rising peers left the stage one replica short of the quorum, which missed a wave's first
