@@ -90,8 +90,6 @@ from collections.abc import Callable, Iterable
 
 import numpy as np
 import torch
-from scipy.special import ndtr
-from scipy.stats import binom, hypergeom
 
 from sentinel.detectors.base import Marker, Verdict
 from sentinel.detectors.stagewise import sender_stage
@@ -177,6 +175,8 @@ def pairwise_pvalues(values: np.ndarray, owner: np.ndarray, groups: int) -> np.n
     cross = np.matmul((blocks**2).transpose(0, 2, 1), blocks)  # sum over blocks of t_i^2 t_j
     ties = b3[:, :, None] + b3[:, None, :] + 3 * cross + 3 * cross.transpose(0, 2, 1)
     ties -= b1[:, :, None] + b1[:, None, :]  # sum over blocks of (t^3 - t), t = t_i + t_j
+    from scipy.special import ndtr  # here, not at the top: scipy costs every rank a second of start-up
+
     total = ni + nj
     with np.errstate(divide="ignore", invalid="ignore"):
         var = ni * nj / 12.0 * ((total + 1) - np.where(total > 1, ties / (total * (total - 1)), 0.0))
@@ -189,6 +189,8 @@ def pairwise_pvalues(values: np.ndarray, owner: np.ndarray, groups: int) -> np.n
 def binom_sf(k: int, n: int, p: float) -> float:
     """P(X >= k), X ~ Binomial(n, p). Cached: scipy.stats' per-call overhead dwarfs the computation, and
     strike counts repeat."""
+    from scipy.stats import binom  # here, not at the top: only the ranks that judge need scipy.stats
+
     return float(binom.sf(k - 1, n, p))
 
 
@@ -196,6 +198,8 @@ def binom_sf(k: int, n: int, p: float) -> float:
 def peer_pvalue(k: int, n: int, k_peers: int, n_peers: int, base_fpr: float) -> float:
     """P(a worker with n chances gets >= k strikes | it is struck like its peers): see the module docstring.
     Cached, like `binom_sf`."""
+    from scipy.stats import hypergeom
+
     n = max(n, k)
     if n_peers <= 0:
         return binom_sf(k, n, base_fpr)

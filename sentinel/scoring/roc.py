@@ -34,7 +34,6 @@ every k >= k_learn; elsewhere (`exact_from: null`) the curve is exact at the con
 from __future__ import annotations
 
 import numpy as np
-from sklearn.metrics import average_precision_score, roc_auc_score, roc_curve
 
 from sentinel.eventlog import EventLog
 from sentinel.scoring.metrics import checked_messages
@@ -69,6 +68,8 @@ def auroc(pos: np.ndarray, neg: np.ndarray) -> float | None:
     if not len(pos) or not len(neg):
         return None
     labels, ranks, _ = _ranked(pos, neg)
+    from sklearn.metrics import roc_auc_score  # here: only the rank that writes the report needs sklearn
+
     return float(roc_auc_score(labels, ranks))
 
 
@@ -105,6 +106,8 @@ def curves(pos: np.ndarray, neg: np.ndarray) -> dict[str, np.ndarray]:
         precision = np.where(tp + fp > 0, tp / np.maximum(tp + fp, 1), np.nan)
         return {"thresholds": values, "fpr": fpr, "tpr": tpr, "precision": precision, "recall": tpr}
     labels, ranks, values = _ranked(pos, neg)
+    from sklearn.metrics import roc_curve
+
     fpr, tpr, thr = roc_curve(labels, ranks, drop_intermediate=False)
     fpr, tpr, thr = fpr[1:], tpr[1:], thr[1:]  # the first point is "flag nothing" (threshold +inf)
     tp, fp = tpr * len(pos), fpr * len(neg)
@@ -120,6 +123,8 @@ def average_precision(pos: np.ndarray, neg: np.ndarray) -> float | None:
     if not len(pos):
         return None
     labels, ranks, _ = _ranked(pos, neg)
+    from sklearn.metrics import average_precision_score
+
     return float(average_precision_score(labels, ranks))
 
 
