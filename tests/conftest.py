@@ -14,6 +14,14 @@ from sentinel import scenario
 torch.set_num_threads(1)
 os.environ.setdefault("OMP_NUM_THREADS", "1")  # the thread policy (sentinel/parallel.py) and subprocesses follow it
 
+
+def pytest_xdist_auto_num_workers(config) -> int:
+    """`-n auto` (pyproject.toml): one test process per core, at most 8. Each holds torch (and transformers), and
+    a real-process test in one of them starts up to 16 more: more workers would buy memory pressure, not speed."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    return max(1, min(cores, 8))
+
+
 TINY = {
     "name": "tiny",
     "seed": 0,
