@@ -175,7 +175,7 @@ def pairwise_pvalues(values: np.ndarray, owner: np.ndarray, groups: int) -> np.n
     cross = np.matmul((blocks**2).transpose(0, 2, 1), blocks)  # sum over blocks of t_i^2 t_j
     ties = b3[:, :, None] + b3[:, None, :] + 3 * cross + 3 * cross.transpose(0, 2, 1)
     ties -= b1[:, :, None] + b1[:, None, :]  # sum over blocks of (t^3 - t), t = t_i + t_j
-    from scipy.special import ndtr  # here, not at the top: scipy costs every rank a second of start-up
+    from scipy.special import ndtr  # scipy is imported where used: the ranks that never judge skip its start-up
 
     total = ni + nj
     with np.errstate(divide="ignore", invalid="ignore"):
@@ -189,7 +189,7 @@ def pairwise_pvalues(values: np.ndarray, owner: np.ndarray, groups: int) -> np.n
 def binom_sf(k: int, n: int, p: float) -> float:
     """P(X >= k), X ~ Binomial(n, p). Cached: scipy.stats' per-call overhead dwarfs the computation, and
     strike counts repeat."""
-    from scipy.stats import binom  # here, not at the top: only the ranks that judge need scipy.stats
+    from scipy.stats import binom  # where used, like ndtr above
 
     return float(binom.sf(k - 1, n, p))
 
