@@ -148,6 +148,8 @@ def pairwise_pvalues(values: np.ndarray, owner: np.ndarray, groups: int) -> np.n
     honest sender. The upper tail is `ndtr(-z)`, what `scipy.stats.norm.sf(z)` computes, without its
     per-call argument handling.
     """
+    from scipy.special import ndtr  # scipy is imported where used: the ranks that never judge skip its start-up
+
     z = np.nan_to_num(values.reshape(len(values), -1), nan=np.inf, posinf=np.inf)
     n, k = z.shape
     onehot = np.zeros((n, groups))
@@ -175,8 +177,6 @@ def pairwise_pvalues(values: np.ndarray, owner: np.ndarray, groups: int) -> np.n
     cross = np.matmul((blocks**2).transpose(0, 2, 1), blocks)  # sum over blocks of t_i^2 t_j
     ties = b3[:, :, None] + b3[:, None, :] + 3 * cross + 3 * cross.transpose(0, 2, 1)
     ties -= b1[:, :, None] + b1[:, None, :]  # sum over blocks of (t^3 - t), t = t_i + t_j
-    from scipy.special import ndtr  # scipy is imported where used: the ranks that never judge skip its start-up
-
     total = ni + nj
     with np.errstate(divide="ignore", invalid="ignore"):
         var = ni * nj / 12.0 * ((total + 1) - np.where(total > 1, ties / (total * (total - 1)), 0.0))
